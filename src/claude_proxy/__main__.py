@@ -1,0 +1,3 @@
+from claude_proxy.cli import main
+
+raise SystemExit(main())

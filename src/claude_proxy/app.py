@@ -1,0 +1,191 @@
+"""The FastAPI application: routes, auth, body limits and Anthropic-shaped errors.
+
+This is the only module that knows HTTP framing; conversion happens in `conversion/`, and the
+network is `upstream.py`'s.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from claude_proxy.config import Settings
+from claude_proxy.conversion.request_converter import convert_request
+from claude_proxy.conversion.response_converter import (
+    StreamConverter,
+    collect_message,
+    convert_chunks,
+)
+from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
+from claude_proxy.sse import encode_events
+from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.upstream import OpenAIClient, UpstreamStream
+
+logger = logging.getLogger("claude_proxy.app")
+sse_logger = logging.getLogger("claude_proxy.sse")
+
+
+def json_response(content: Any, status: int = 200,
+                  headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def error_response(error: ProxyError) -> Response:
+    return json_response(error.body(), error.status, error.headers)
+
+
+# ---------------------------------------------------------------- request guards
+
+
+def check_client_key(request: Request, settings: Settings) -> None:
+    """When ANTHROPIC_API_KEY is set, `x-api-key` or `Authorization: Bearer` must match it."""
+    if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
+        return
+    expected = settings.anthropic_api_key.get_secret_value().encode()
+    presented = [request.headers.get("x-api-key", "")]
+    authorization = request.headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        presented.append(authorization[7:].strip())
+    # Compare every candidate, so the time taken does not depend on which one matched.
+    matches = [hmac.compare_digest(value.encode(), expected) for value in presented]
+    if not any(matches):
+        raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
+
+
+async def read_json_body(request: Request, limit: int) -> Any:
+    """The parsed body, refusing more than `limit` bytes before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    received = bytearray()
+    async for piece in request.stream():
+        received += piece
+        if len(received) > limit:
+            raise _too_large(limit)
+    if not received:
+        raise ProxyError(400, "request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(received)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc.msg}") from None
+
+
+def _too_large(limit: int) -> ProxyError:
+    return ProxyError(413, f"request body exceeds the {limit} byte limit",
+                      error_type="request_too_large")
+
+
+# ---------------------------------------------------------------- streaming relay
+
+
+async def relay_events(converter: StreamConverter, stream: UpstreamStream) -> AsyncIterator[bytes]:
+    """Upstream chunks through the converter to SSE bytes; failures end in `event: error`.
+
+    If the client goes away, the generator is cancelled and the upstream response is closed
+    at once by the `finally`.
+    """
+    try:
+        yield _frame(converter.start())
+        async for chunk in stream:
+            events = converter.feed(chunk)
+            if events:
+                yield _frame(events)
+        yield _frame(converter.finish())
+    except ProxyError as error:
+        logger.warning("upstream stream failed: %s", error.message)
+        yield _frame(converter.fail(error))
+    finally:
+        await stream.aclose()
+
+
+def _frame(events: list[dict[str, Any]]) -> bytes:
+    if sse_logger.isEnabledFor(logging.DEBUG):
+        for event in events:
+            sse_logger.debug("SSE outbound: %s", orjson.dumps(event).decode())
+    return encode_events(events)
+
+
+# ---------------------------------------------------------------- application
+
+
+def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.upstream = OpenAIClient(settings, transport=transport)
+        try:
+            yield
+        finally:
+            await app.state.upstream.aclose()
+
+    app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    signer = ThinkingSigner()
+    _install_error_handlers(app)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return json_response({"status": "ok", "service": "claude-proxy"})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        check_client_key(request, settings)
+        payload = await read_json_body(request, settings.max_request_bytes)
+        body = validate_request(CountTokensRequest, payload)
+        return json_response({"input_tokens": estimate_request_tokens(body)})
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        check_client_key(request, settings)
+        payload = await read_json_body(request, settings.max_request_bytes)
+        body = validate_request(MessagesRequest, payload)
+        upstream_body = convert_request(body, settings)
+        converter = StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
+                                    sign=signer.sign)
+        client: OpenAIClient = request.app.state.upstream
+        if body.get("stream"):
+            stream = await client.open_stream(upstream_body)
+            return EventSourceResponse(relay_events(converter, stream), sep="\n")
+        completion = await client.complete(upstream_body)
+        events = convert_chunks(client._generate_buffered_stream_chunks(completion), converter)
+        return json_response(collect_message(events))
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProxyError)
+    async def proxy_error(_: Request, exc: ProxyError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return json_response(error_body("invalid_request_error", str(exc.errors()[:3])), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return json_response(error_body(error_type_for_status(exc.status_code), message),
+                             exc.status_code, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> Response:
+        logger.exception("unexpected error while handling a request")
+        return json_response(error_body("api_error", "internal proxy error"), 500)

@@ -1,0 +1,185 @@
+"""Settings, read from the environment (and an optional `.env.<provider>` file).
+
+Names follow the widely used `claude-code-proxy` convention so existing `.env` files keep
+working. Provider profiles supply defaults (models, output limits) that a variable overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROVIDERS = (
+    "kimi",
+    "glm",
+    "deepseek",
+    "dashscope",
+    "openrouter",
+    "vllm",
+    "ollama",
+    "azure",
+    "openai",
+)
+
+
+@dataclass(frozen=True)
+class ProviderProfile:
+    """Defaults for one upstream family; every field can be overridden by a variable."""
+
+    name: str
+    big_model: str
+    middle_model: str
+    small_model: str
+    max_output_tokens: int
+
+
+PROFILES: dict[str, ProviderProfile] = {
+    "kimi": ProviderProfile("kimi", "kimi-k2.5", "kimi-k2.5", "kimi-k2.5", 32768),
+    "glm": ProviderProfile("glm", "glm-4.7", "glm-4.7", "glm-4.5-air", 32768),
+    "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
+                                "deepseek-chat", 8192),
+    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768),
+    "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
+                                  "openai/gpt-4o-mini", 32768),
+    "vllm": ProviderProfile("vllm", "default", "default", "default", 16384),
+    "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384),
+    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384),
+    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384),
+}
+
+# Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
+_URL_HINTS: tuple[tuple[str, str], ...] = (
+    ("moonshot", "kimi"),
+    ("kimi", "kimi"),
+    ("bigmodel.cn", "glm"),
+    ("z.ai", "glm"),
+    ("deepseek", "deepseek"),
+    ("dashscope", "dashscope"),
+    ("aliyuncs", "dashscope"),
+    ("openrouter", "openrouter"),
+    ("azure", "azure"),
+    (":11434", "ollama"),
+    ("ollama", "ollama"),
+    ("api.openai.com", "openai"),
+)
+
+
+def infer_provider(base_url: str) -> str:
+    """Guess the provider family from the upstream base URL; unknown hosts are 'openai'."""
+    parts = urlsplit(base_url.lower())
+    where = parts.netloc + parts.path
+    for hint, provider in _URL_HINTS:
+        if hint in where:
+            return provider
+    return "openai"
+
+
+class Settings(BaseSettings):
+    """Every knob of the proxy. Environment variables win over the `.env` file."""
+
+    model_config = SettingsConfigDict(
+        env_file=None,
+        env_file_encoding="utf-8",
+        extra="ignore",
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    openai_api_key: SecretStr = Field(default=SecretStr(""))
+    openai_base_url: str = "https://api.openai.com/v1"
+    azure_api_version: str | None = None
+    provider: str | None = None
+
+    big_model: str | None = None
+    middle_model: str | None = None
+    small_model: str | None = None
+    provider_max_output_tokens: int | None = Field(default=None, ge=1)
+
+    anthropic_api_key: SecretStr | None = None
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8082, ge=0, le=65535)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_file: str = "logs/claude-proxy.log"
+
+    request_timeout: float = Field(default=600.0, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    retry_base_delay: float = Field(default=0.5, ge=0)
+    retry_max_delay: float = Field(default=8.0, ge=0)
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _known_provider(cls, value: object) -> object:
+        if value in (None, ""):
+            return None
+        name = str(value).strip().lower()
+        if name not in PROVIDERS:
+            raise ValueError(f"must be one of {', '.join(PROVIDERS)}")
+        return name
+
+    @field_validator("openai_base_url", mode="after")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http(s) URL such as https://api.openai.com/v1")
+        return value.rstrip("/")
+
+    @property
+    def provider_name(self) -> str:
+        """The active provider profile: PROVIDER, else Azure mode, else guessed from the URL."""
+        if self.provider:
+            return self.provider
+        if self.azure_api_version:
+            return "azure"
+        return infer_provider(self.openai_base_url)
+
+    @property
+    def profile(self) -> ProviderProfile:
+        return PROFILES[self.provider_name]
+
+    @property
+    def is_azure(self) -> bool:
+        return bool(self.azure_api_version) or self.provider_name == "azure"
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.provider_max_output_tokens or self.profile.max_output_tokens
+
+    def model_for_tier(self, tier: Literal["big", "middle", "small"]) -> str:
+        """The upstream model configured for opus (big), sonnet (middle) or haiku (small)."""
+        configured = {"big": self.big_model, "middle": self.middle_model,
+                      "small": self.small_model}[tier]
+        if configured:
+            return configured
+        return {"big": self.profile.big_model, "middle": self.profile.middle_model,
+                "small": self.profile.small_model}[tier]
+
+    def secrets(self) -> list[str]:
+        """Every configured secret value, for log and response redaction."""
+        values = [self.openai_api_key.get_secret_value()]
+        if self.anthropic_api_key is not None:
+            values.append(self.anthropic_api_key.get_secret_value())
+        return [value for value in values if value]
+
+
+def load_settings(env_file: str | Path | None = None) -> Settings:
+    """Build Settings from the environment, plus `env_file` when given (it must exist)."""
+    if env_file is None:
+        return Settings()
+    path = Path(env_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"env file not found: {path}")
+    return Settings(_env_file=path)

@@ -1,0 +1,46 @@
+"""Tool-call ids across the two APIs.
+
+Anthropic ids must match `^[a-zA-Z0-9_-]+$`. Upstream ids that already do are kept as they
+are. Others (Kimi's `functions.add:0`) are encoded reversibly as `toolu_px<hex>`, so the next
+request can give the upstream its own id back without the proxy keeping any state.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import string
+
+_SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+_ENCODED_PREFIX = "toolu_px"
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_tool_id() -> str:
+    """A fresh id in Anthropic's style, for upstream calls that came without one."""
+    return "toolu_" + "".join(secrets.choice(_ALPHABET) for _ in range(24))
+
+
+def new_message_id() -> str:
+    return "msg_" + "".join(secrets.choice(_ALPHABET) for _ in range(24))
+
+
+def to_anthropic_id(upstream_id: str | None) -> str:
+    """The id the client sees for an upstream tool call."""
+    if not upstream_id:
+        return new_tool_id()
+    if _SAFE_ID.match(upstream_id):
+        return upstream_id
+    return _ENCODED_PREFIX + upstream_id.encode("utf-8").hex()
+
+
+def to_upstream_id(anthropic_id: str) -> str:
+    """The id to send upstream for a tool call or result the client sends back."""
+    if not anthropic_id.startswith(_ENCODED_PREFIX):
+        return anthropic_id
+    try:
+        decoded = bytes.fromhex(anthropic_id[len(_ENCODED_PREFIX):]).decode("utf-8")
+    except ValueError:
+        return anthropic_id
+    # Only ids that needed encoding were encoded; anything else is a genuine client id.
+    return anthropic_id if _SAFE_ID.match(decoded) else decoded

@@ -1,0 +1,281 @@
+"""Anthropic system prompt and messages → OpenAI chat messages.
+
+One Anthropic user turn can become several OpenAI messages: a `tool` message per `tool_result`
+(these must directly follow the assistant's tool calls), then one `user` message with the rest.
+Block types the upstream cannot take are turned into text or dropped with a DEBUG log, never
+rejected.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from claude_proxy.conversion.ids import to_upstream_id
+
+logger = logging.getLogger("claude_proxy.conversion")
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+TEXT_SEPARATOR = "\n\n"
+
+Part = dict[str, Any]
+
+
+# ---------------------------------------------------------------- system
+
+
+def convert_system(system: Any) -> str | None:
+    """The system prompt as one string, without the per-conversation billing header.
+
+    Claude Code's `x-anthropic-billing-header` block changes with every conversation, so
+    forwarding it would defeat the upstream's prompt-prefix cache.
+    """
+    if isinstance(system, str):
+        return system or None
+    texts = [text for text in _block_texts(system) if not _is_billing_header(text)]
+    return TEXT_SEPARATOR.join(texts) or None
+
+
+def _is_billing_header(text: str) -> bool:
+    return text.lstrip().startswith(BILLING_HEADER_PREFIX)
+
+
+def _block_texts(blocks: Any) -> list[str]:
+    if isinstance(blocks, str):
+        return [blocks] if blocks else []
+    texts: list[str] = []
+    for block in blocks or []:
+        if isinstance(block, dict):
+            text = block.get("text")
+            if isinstance(text, str) and text:
+                texts.append(text)
+    return texts
+
+
+# ---------------------------------------------------------------- parts
+
+
+def image_part(source: Any) -> Part | None:
+    """An Anthropic image source as an OpenAI `image_url` part."""
+    if not isinstance(source, dict):
+        return None
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type") or "image/png"
+        url = f"data:{media_type};base64,{source.get('data', '')}"
+    elif kind == "url":
+        url = str(source.get("url", ""))
+    else:
+        logger.debug("image source %r cannot be sent upstream; dropped", kind)
+        return None
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def document_parts(block: dict[str, Any]) -> list[Part]:
+    """A `document` block: text sources become text, PDFs an OpenAI `file` part."""
+    source = block.get("source") or {}
+    title = block.get("title")
+    kind = source.get("type") if isinstance(source, dict) else None
+    parts: list[Part] = []
+    if kind == "text":
+        parts.append(_text_part(_titled(title, str(source.get("data", "")))))
+    elif kind == "content":
+        parts.extend(content_parts(source.get("content"), context="document"))
+    elif kind == "base64" and str(source.get("media_type", "")).startswith("text/"):
+        parts.append(_text_part(_titled(title, _decode_base64_text(source.get("data")))))
+    elif kind == "base64":
+        media_type = source.get("media_type") or "application/pdf"
+        filename = title if isinstance(title, str) and title else "document.pdf"
+        file_data = f"data:{media_type};base64,{source.get('data', '')}"
+        parts.append({"type": "file", "file": {"filename": filename, "file_data": file_data}})
+    elif kind == "url":
+        parts.append(_text_part(_titled(title, f"Document: {source.get('url', '')}")))
+    else:
+        logger.debug("document source %r cannot be sent upstream; dropped", kind)
+    return parts
+
+
+def _titled(title: Any, text: str) -> str:
+    return f"{title}\n\n{text}" if isinstance(title, str) and title else text
+
+
+def _decode_base64_text(data: Any) -> str:
+    try:
+        return base64.b64decode(str(data or "")).decode("utf-8", errors="replace")
+    except (binascii.Error, ValueError):
+        return ""
+
+
+def _text_part(text: str) -> Part:
+    return {"type": "text", "text": text}
+
+
+def content_parts(content: Any, *, context: str) -> list[Part]:
+    """Anthropic content (string or blocks) as OpenAI parts: text, image_url and file."""
+    if isinstance(content, str):
+        return [_text_part(content)] if content else []
+    parts: list[Part] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        parts.extend(_block_parts(block, context))
+    return parts
+
+
+def _block_parts(block: dict[str, Any], context: str) -> list[Part]:
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text")
+        return [_text_part(text)] if isinstance(text, str) and text else []
+    if kind == "image":
+        part = image_part(block.get("source"))
+        return [part] if part else []
+    if kind == "document":
+        return document_parts(block)
+    if kind == "search_result":
+        return [_text_part(_search_result_text(block))]
+    if kind == "tool_reference":
+        return [_text_part(f"Tool {block.get('tool_name', '')} is now available.")]
+    if kind == "web_search_tool_result":
+        return [_text_part(_web_search_text(block))]
+    if kind in ("thinking", "redacted_thinking", "tool_use", "tool_result", "server_tool_use"):
+        logger.debug("%s block inside %s content dropped", kind, context)
+        return []
+    return _unknown_block_parts(block, context)
+
+
+def _unknown_block_parts(block: dict[str, Any], context: str) -> list[Part]:
+    for key in ("text", "content"):
+        value = block.get(key)
+        if isinstance(value, str) and value:
+            logger.debug("unknown %s block %r sent as text", context, block.get("type"))
+            return [_text_part(value)]
+    logger.debug("unknown %s block %r dropped", context, block.get("type"))
+    return []
+
+
+def _search_result_text(block: dict[str, Any]) -> str:
+    body = "\n".join(_block_texts(block.get("content")))
+    return f"Search result: {block.get('title', '')} ({block.get('source', '')})\n{body}"
+
+
+def _web_search_text(block: dict[str, Any]) -> str:
+    results = block.get("content")
+    if not isinstance(results, list):
+        return "Web search returned no results."
+    lines = [f"- {item.get('title', '')} ({item.get('url', '')})"
+             for item in results if isinstance(item, dict)]
+    return "Web search results:\n" + "\n".join(lines)
+
+
+def user_content(parts: list[Part]) -> str | list[Part]:
+    """Text-only content as one string (every upstream takes that), otherwise the parts."""
+    if all(part["type"] == "text" for part in parts):
+        return TEXT_SEPARATOR.join(part["text"] for part in parts)
+    return parts
+
+
+# ---------------------------------------------------------------- turns
+
+
+def convert_user_turn(content: Any) -> list[dict[str, Any]]:
+    """One Anthropic user turn as tool messages followed by at most one user message."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    tool_messages: list[dict[str, Any]] = []
+    tool_images: list[Part] = []
+    parts: list[Part] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "tool_result":
+            message, images = tool_result_message(block)
+            tool_messages.append(message)
+            tool_images.extend(images)
+        else:
+            parts.extend(_block_parts(block, "user"))
+    parts = tool_images + parts
+    if parts:
+        return [*tool_messages, {"role": "user", "content": user_content(parts)}]
+    if not tool_messages:
+        # An empty user turn still has a place in the conversation.
+        return [{"role": "user", "content": ""}]
+    return tool_messages
+
+
+def tool_result_message(block: dict[str, Any]) -> tuple[dict[str, Any], list[Part]]:
+    """A `tool_result` as an OpenAI tool message; its images go to a following user message.
+
+    Tool messages only carry text on most upstreams, so images are moved out, announced by a
+    line that names the call they came from.
+    """
+    call_id = to_upstream_id(str(block.get("tool_use_id", "")))
+    parts = content_parts(block.get("content"), context="tool_result")
+    texts = [part["text"] for part in parts if part["type"] == "text"]
+    media = [part for part in parts if part["type"] != "text"]
+    text = "\n".join(texts)
+    if block.get("is_error"):
+        text = f"Error: {text}" if text else "Error"
+    images: list[Part] = []
+    if media:
+        images = [_text_part(f"Content returned by tool call {call_id}:"), *media]
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, images
+
+
+@dataclass
+class AssistantTurn:
+    """An assistant turn in OpenAI form, with the thinking blocks it carried."""
+
+    message: dict[str, Any] | None
+    thinking: list[dict[str, Any]] = field(default_factory=list)
+
+
+def convert_assistant_turn(content: Any) -> AssistantTurn:
+    """Text and tool_use blocks become one assistant message; thinking is set aside."""
+    if isinstance(content, str):
+        return AssistantTurn({"role": "assistant", "content": content})
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "tool_use":
+            tool_calls.append(tool_call(block))
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(block)
+        else:
+            texts.extend(part["text"] for part in _block_parts(block, "assistant")
+                         if part["type"] == "text")
+    if not texts and not tool_calls:
+        return AssistantTurn(None, thinking)
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": TEXT_SEPARATOR.join(texts) if texts else None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return AssistantTurn(message, thinking)
+
+
+def tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    arguments = block.get("input")
+    return {
+        "id": to_upstream_id(str(block.get("id", ""))),
+        "type": "function",
+        "function": {
+            "name": str(block.get("name", "")),
+            "arguments": orjson.dumps(arguments if arguments is not None else {}).decode(),
+        },
+    }
+
+
+def convert_system_turn(content: Any) -> dict[str, Any] | None:
+    """A `role: "system"` message inside `messages` (Claude Code sends these) stays a system
+    message at its place in the conversation."""
+    text = TEXT_SEPARATOR.join(_block_texts(content))
+    return {"role": "system", "content": text} if text else None

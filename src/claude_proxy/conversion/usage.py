@@ -1,0 +1,59 @@
+"""OpenAI usage → Anthropic usage, and character-based estimates when there is none."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(characters: int) -> int:
+    """A tokenizer-free estimate: about four characters a token, never zero for some text."""
+    return math.ceil(characters / CHARS_PER_TOKEN) if characters > 0 else 0
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def find_usage(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """The usage object of a chunk wherever the provider put it (Groq: `x_groq.usage`)."""
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict):
+        extra = chunk.get("x_groq")
+        usage = extra.get("usage") if isinstance(extra, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and _int(details.get("cached_tokens")):
+        return _int(details.get("cached_tokens"))
+    return _int(usage.get("cached_tokens")) or _int(usage.get("prompt_cache_hit_tokens"))
+
+
+def reasoning_tokens(usage: dict[str, Any]) -> int:
+    details = usage.get("completion_tokens_details")
+    return _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
+
+
+def output_tokens(usage: dict[str, Any]) -> int:
+    """Completion tokens, with reasoning added where the provider counted it apart (xAI)."""
+    prompt = _int(usage.get("prompt_tokens"))
+    completion = _int(usage.get("completion_tokens"))
+    reasoning = reasoning_tokens(usage)
+    if reasoning and _int(usage.get("total_tokens")) == prompt + completion + reasoning:
+        return completion + reasoning
+    return completion
+
+
+def anthropic_usage(usage: dict[str, Any]) -> dict[str, int]:
+    """`input_tokens` excludes cache reads, as Anthropic counts them."""
+    cached = cached_tokens(usage)
+    return {
+        "input_tokens": max(_int(usage.get("prompt_tokens")) - cached, 0),
+        "output_tokens": output_tokens(usage),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }

@@ -1,0 +1,248 @@
+"""The only module that talks to the upstream: OpenAI-compatible `/chat/completions`.
+
+One pooled `httpx.AsyncClient` per process. Failures before the first byte are retried by
+`RetryPolicy` and end as a `ProxyError` carrying the upstream's status; the client then gets a
+real HTTP error instead of a 200 followed by a broken stream. A streaming request is only handed
+back once its first chunk has arrived, so an error announced in that chunk still has a status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+from httpx_sse import EventSource
+
+from claude_proxy.config import Settings
+from claude_proxy.conversion.response_converter import _merge_reasoning_fields
+from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
+from claude_proxy.retry import RetryPolicy
+
+logger = logging.getLogger("claude_proxy.upstream")
+
+Chunk = dict[str, Any]
+
+
+class UpstreamStream:
+    """An open upstream response yielding parsed chunks, its first chunk already read."""
+
+    def __init__(self, response: httpx.Response | None, chunks: AsyncIterator[Chunk]) -> None:
+        self._response = response
+        self._chunks = chunks
+        self._first: Chunk | None = None
+
+    async def prefetch(self) -> None:
+        """Read ahead to the first chunk (raising ProxyError if the stream fails before it)."""
+        try:
+            self._first = await anext(self._chunks)
+        except StopAsyncIteration:
+            self._first = None
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        async for chunk in self._chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._response is not None:
+            await self._response.aclose()
+
+
+class OpenAIClient:
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+        self._settings = settings
+        self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
+                                   settings.retry_max_delay)
+        timeout = httpx.Timeout(settings.request_timeout, connect=settings.connect_timeout)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self.url = f"{settings.openai_base_url}/chat/completions"
+        self._params = ({"api-version": settings.azure_api_version}
+                        if settings.azure_api_version else {})
+        self._headers = self._auth_headers(settings)
+
+    @staticmethod
+    def _auth_headers(settings: Settings) -> dict[str, str]:
+        key = settings.openai_api_key.get_secret_value()
+        headers = {"content-type": "application/json"}
+        if not key:
+            return headers
+        if settings.is_azure:
+            headers["api-key"] = key
+        else:
+            headers["authorization"] = f"Bearer {key}"
+        return headers
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------ requests
+
+    async def complete(self, body: dict[str, Any]) -> Chunk:
+        """A non-streaming completion as the upstream's JSON body."""
+        response = await self._send(body, accept="application/json")
+        try:
+            content = await response.aread()
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from exc
+        finally:
+            await response.aclose()
+        return _parse_json_body(content)
+
+    async def open_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """A streaming completion, opened and read up to its first chunk."""
+        attempt = 0
+        while True:
+            response = await self._send(body, accept="text/event-stream")
+            stream = self._wrap(response)
+            try:
+                await stream.prefetch()
+            except ProxyError as error:
+                await stream.aclose()
+                if not self._policy.should_retry(attempt, error.status):
+                    raise
+                await asyncio.sleep(self._policy.delay(attempt))
+                attempt += 1
+                continue
+            return stream
+
+    def _wrap(self, response: httpx.Response) -> UpstreamStream:
+        content_type = response.headers.get("content-type", "")
+        if "text/event-stream" in content_type:
+            return UpstreamStream(response, _sse_chunks(response))
+        # The upstream ignored `stream` and answered with one JSON body.
+        return UpstreamStream(response, _buffered_chunks(response))
+
+    async def _send(self, body: dict[str, Any], *, accept: str) -> httpx.Response:
+        """POST with retries before the first byte; a non-2xx answer raises ProxyError."""
+        content = orjson.dumps(body)
+        headers = {**self._headers, "accept": accept}
+        attempt = 0
+        while True:
+            try:
+                request = self._client.build_request(
+                    "POST", self.url, content=content, headers=headers, params=self._params)
+                response = await self._client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                if not self._policy.should_retry(attempt):
+                    raise _transport_error(exc) from exc
+                logger.warning("upstream %s, retrying (%d)", type(exc).__name__, attempt + 1)
+                await asyncio.sleep(self._policy.delay(attempt))
+                attempt += 1
+                continue
+            if response.status_code < 400:
+                return response
+            error = await _read_error(response)
+            if not self._policy.should_retry(attempt, response.status_code):
+                raise error
+            logger.warning("upstream answered %d, retrying (%d)", response.status_code,
+                           attempt + 1)
+            await asyncio.sleep(self._policy.delay(attempt, response.headers.get("retry-after")))
+            attempt += 1
+
+    @staticmethod
+    def _generate_buffered_stream_chunks(response: Chunk) -> Iterator[Chunk]:
+        """Cut one JSON completion into stream chunks: reasoning first (under
+        `reasoning_content`), then content, then tool calls, then finish reason and usage."""
+        choices = response.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else {}
+        message = choice.get("message") if isinstance(choice, dict) else None
+        message = message if isinstance(message, dict) else {}
+        reasoning = _merge_reasoning_fields(message)
+        if reasoning:
+            yield _chunk({"role": "assistant", "reasoning_content": reasoning})
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            yield _chunk({"content": content})
+        for index, call in enumerate(message.get("tool_calls") or []):
+            if isinstance(call, dict):
+                yield _chunk({"tool_calls": [{**call, "index": index}]})
+        finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+        final: Chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+        if isinstance(response.get("usage"), dict):
+            final["usage"] = response["usage"]
+        yield final
+
+
+def _chunk(delta: Chunk) -> Chunk:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+async def _read_error(response: httpx.Response) -> ProxyError:
+    try:
+        content = await response.aread()
+    except httpx.HTTPError:
+        content = b""
+    finally:
+        await response.aclose()
+    return error_from_upstream(response.status_code, content, dict(response.headers))
+
+
+def _transport_error(exc: httpx.HTTPError) -> ProxyError:
+    """A network failure as the client's error; the message names the failure, not the URL."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ProxyError(504, f"upstream timed out ({type(exc).__name__})",
+                          error_type="timeout_error")
+    return ProxyError(502, f"upstream connection failed ({type(exc).__name__})",
+                      error_type="overloaded_error")
+
+
+def _parse_json_body(content: bytes) -> Chunk:
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(502, "upstream returned a body that is not JSON",
+                         error_type="api_error") from exc
+    if not isinstance(data, dict):
+        raise ProxyError(502, "upstream returned an unexpected JSON body", error_type="api_error")
+    if data.get("error"):
+        raise error_from_payload(data["error"])
+    return data
+
+
+async def _buffered_chunks(response: httpx.Response) -> AsyncIterator[Chunk]:
+    try:
+        content = await response.aread()
+    except httpx.HTTPError as exc:
+        raise _transport_error(exc) from exc
+    for chunk in OpenAIClient._generate_buffered_stream_chunks(_parse_json_body(content)):
+        yield chunk
+
+
+async def _sse_chunks(response: httpx.Response) -> AsyncIterator[Chunk]:
+    """Parsed `data:` payloads until `[DONE]`; a stream cut short raises ProxyError."""
+    finished = False
+    try:
+        async for event in EventSource(response).aiter_sse():
+            data = event.data
+            if not data:
+                continue
+            if data.strip() == "[DONE]":
+                return
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                logger.warning("skipping a malformed upstream chunk (%d bytes)", len(data))
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            finished = finished or _has_finish_reason(chunk)
+            yield chunk
+    except httpx.HTTPError as exc:
+        raise _transport_error(exc) from exc
+    if not finished:
+        raise ProxyError(502, "upstream stream ended before the response was complete",
+                         error_type="overloaded_error")
+
+
+def _has_finish_reason(chunk: Chunk) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and c.get("finish_reason") for c in choices)

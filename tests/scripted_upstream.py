@@ -1,0 +1,254 @@
+"""A scripted OpenAI-compatible upstream for the tests: it replays provider wire formats.
+
+It records every request it gets and answers each with the next scripted `Reply`, or, when a
+request's messages carry `SCENARIO:replay:<stem>`, with the recorded transcript of that stem
+(`tests/data/transcripts/<stem>.json`, served byte for byte). Replies can also fail: an HTTP
+error with headers, or a stream that is cut after N events.
+
+Run alone (for manual checks): `python tests/scripted_upstream.py --port 9000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
+_SCENARIO = re.compile(r"SCENARIO:replay:([A-Za-z0-9._-]+)")
+
+
+class CutStream(Exception):
+    """Raised inside a streaming body to drop the connection mid-stream."""
+
+
+@dataclass
+class Reply:
+    """One scripted answer. `events` are SSE data payloads (str sent as is, dict as JSON)."""
+
+    status: int = 200
+    events: list[str | dict[str, Any]] | None = None
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+    comments: list[tuple[int, str]] = field(default_factory=list)
+    cut_after: int | None = None
+    done: bool = True
+    raw_body: bytes | None = None
+
+    def render_events(self) -> list[bytes]:
+        """The SSE byte pieces: comments placed before the N-th data event, then [DONE]."""
+        pieces: list[bytes] = []
+        events = list(self.events or [])
+        for position, payload in enumerate(events):
+            pieces.extend(f"{text}\n\n".encode() for at, text in self.comments if at == position)
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            pieces.append(f"data: {data}\n\n".encode())
+        pieces.extend(f"{text}\n\n".encode() for at, text in self.comments if at >= len(events))
+        if self.done and not (events and events[-1] == "[DONE]"):
+            pieces.append(b"data: [DONE]\n\n")
+        return pieces
+
+
+def load_transcript(stem: str) -> dict[str, Any]:
+    return json.loads((TRANSCRIPTS / f"{stem}.json").read_text(encoding="utf-8"))
+
+
+def transcript_reply(stem: str) -> Reply:
+    """The recorded reply of one transcript, exactly as the provider sent it."""
+    record = load_transcript(stem)
+    if not record.get("stream", True):
+        return Reply(status=record.get("status", 200), body=record["body"],
+                     content_type=record.get("content_type", "application/json"))
+    chunks = list(record["chunks"])
+    if record.get("append_done") and chunks[-1:] != ["[DONE]"]:
+        chunks.append("[DONE]")
+    return Reply(status=record.get("status", 200), events=chunks, done=False,
+                 content_type=record.get("content_type", "text/event-stream"),
+                 comments=[(int(at), text) for at, text in record.get("comments") or []])
+
+
+def transcript_chunks(stem: str) -> list[dict[str, Any]]:
+    """The parsed data chunks of a transcript (without [DONE]), for computing expectations."""
+    record = load_transcript(stem)
+    return [json.loads(chunk) for chunk in record["chunks"] if chunk != "[DONE]"]
+
+
+def scenario_of(body: dict[str, Any]) -> str | None:
+    match = _SCENARIO.search(json.dumps(body.get("messages", [])))
+    return match.group(1) if match else None
+
+
+# ------------------------------------------------------------------ helpers for scripts
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None,
+          usage: dict[str, Any] | None = None, model: str = "scripted") -> dict[str, Any]:
+    """One OpenAI chat.completion.chunk."""
+    choices = [] if delta is None and finish is None else [
+        {"index": 0, "delta": delta or {}, "finish_reason": finish}]
+    data: dict[str, Any] = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk",
+                            "created": 1, "model": model, "choices": choices}
+    if usage is not None:
+        data["usage"] = usage
+    return data
+
+
+def text_stream(pieces: list[str], finish: str = "stop",
+                usage: dict[str, Any] | None = None) -> Reply:
+    events: list[str | dict[str, Any]] = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in pieces]
+    events.append(chunk({}, finish))
+    if usage is not None:
+        events.append(chunk(None, None, usage))
+    return Reply(events=events)
+
+
+def completion(message: dict[str, Any], finish: str = "stop",
+               usage: dict[str, Any] | None = None) -> Reply:
+    body = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 1,
+            "model": "scripted",
+            "choices": [{"index": 0, "message": {"role": "assistant", **message},
+                         "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return Reply(body=body)
+
+
+def error_reply(status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
+    return Reply(status=status, body={"error": {"message": message, "type": "upstream_error"}},
+                 headers=headers or {})
+
+
+# ------------------------------------------------------------------ the server
+
+
+class ScriptedUpstream:
+    """The upstream server. Thread-safe enough for tests: scripts are queued before requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._replies: deque[Reply] = deque()
+        self.responder: Callable[[dict[str, Any]], Reply | None] | None = None
+        self.open_streams = 0
+        self._lock = threading.Lock()
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self._handle, methods=["POST"]),
+            Route("/openai/deployments/{name}/chat/completions", self._handle,
+                  methods=["POST"]),
+        ])
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def queue(self, *replies: Reply) -> None:
+        self._replies.extend(replies)
+
+    def reset(self) -> None:
+        self.requests.clear()
+        self.headers.clear()
+        self._replies.clear()
+        self.responder = None
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        stem = scenario_of(body)
+        if stem:
+            return transcript_reply(stem)
+        if self.responder is not None:
+            reply = self.responder(body)
+            if reply is not None:
+                return reply
+        if self._replies:
+            return self._replies.popleft()
+        return text_stream(["scripted ", "default"]) if body.get("stream") else completion(
+            {"content": "scripted default"})
+
+    async def _handle(self, request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(dict(request.headers))
+            reply = self._next_reply(body)
+        if reply.events is None:
+            content = reply.raw_body if reply.raw_body is not None else json.dumps(
+                reply.body).encode()
+            return Response(content, status_code=reply.status, headers=reply.headers,
+                            media_type=reply.content_type or "application/json")
+        return StreamingResponse(self._stream(reply), status_code=reply.status,
+                                 headers=reply.headers,
+                                 media_type=reply.content_type or "text/event-stream")
+
+    async def _stream(self, reply: Reply) -> AsyncIterator[bytes]:
+        self.open_streams += 1
+        try:
+            for sent, piece in enumerate(reply.render_events()):
+                if reply.cut_after is not None and sent >= reply.cut_after:
+                    raise CutStream("scripted mid-stream drop")
+                yield piece
+        finally:
+            self.open_streams -= 1
+
+    def start(self, port: int = 0) -> ScriptedUpstream:
+        sock = bind_loopback(port)
+        self.port = sock.getsockname()[1]
+        self._server, self._thread = serve_in_thread(self.app, sock)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            stop_server(self._server, self._thread)
+
+
+def bind_loopback(port: int = 0) -> socket.socket:
+    """A listening socket on 127.0.0.1: its port is known before the server runs, and
+    connections made early wait in the backlog instead of failing."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    return sock
+
+
+def serve_in_thread(app: Any, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=9000)
+    args = parser.parse_args()
+    upstream = ScriptedUpstream()
+    uvicorn.run(upstream.app, host="127.0.0.1", port=args.port)
+
+
+if __name__ == "__main__":
+    main()
