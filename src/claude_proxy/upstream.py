@@ -41,6 +41,8 @@ class UpstreamStream:
             self._first = await anext(self._chunks)
         except StopAsyncIteration:
             self._first = None
+        if self._first is not None and self._first.get("error"):
+            raise error_from_payload(self._first["error"])
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
         if self._first is not None:

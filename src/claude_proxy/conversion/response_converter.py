@@ -257,7 +257,8 @@ class StreamConverter:
         """Close everything and end the message: message_delta, then message_stop."""
         events = self._close_all()
         if self._next_index == 0 and self._held_whitespace:
-            self._add_text(self._held_whitespace, events, force=True)
+            # A whitespace-only answer is still the answer.
+            self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
         self.finished = True
         delta = {"stop_reason": self.stop_reason(), "stop_sequence": None}
@@ -312,7 +313,7 @@ class StreamConverter:
             events.append(self._open.start())
         events.append(self._open.add(text))
 
-    def _add_text(self, text: str, events: list[Event], *, force: bool = False) -> None:
+    def _add_text(self, text: str, events: list[Event]) -> None:
         """Text deltas; whitespace that would open a block alone is held until text follows,
         so runs such as the blank between two tool calls never become empty-looking blocks."""
         self._streamed_chars += len(text)
@@ -320,21 +321,26 @@ class StreamConverter:
             events.append(self._open.add(text))
             return
         text = self._held_whitespace + text
-        if not force and text.isspace():
+        if text.isspace():
             self._held_whitespace = text
             return
         self._held_whitespace = ""
+        self._open_text(text, events)
+
+    def _open_text(self, text: str, events: list[Event]) -> None:
         events.extend(self._close_open())
         self._open = _TextBlockState(self._take_index())
         events.append(self._open.start())
         events.append(self._open.add(text))
 
     def _add_tool_fragment(self, fragment: dict[str, Any], events: list[Event]) -> None:
-        call = self._call_for(fragment)
-        function = fragment.get("function") or {}
-        if isinstance(function, dict):
-            name = function.get("name")
-            if isinstance(name, str) and name and not call.name:
+        function = fragment.get("function")
+        function = function if isinstance(function, dict) else {}
+        raw_name = function.get("name")
+        name = raw_name if isinstance(raw_name, str) else ""
+        call = self._call_for(fragment, name)
+        if function:
+            if name and not call.name:
                 call.name = name
             arguments = function.get("arguments")
             if isinstance(arguments, dict):
@@ -344,13 +350,15 @@ class StreamConverter:
                 self._streamed_chars += len(arguments)
         self._pump_tools(events)
 
-    def _call_for(self, fragment: dict[str, Any]) -> _ToolCall:
+    def _call_for(self, fragment: dict[str, Any], name: str) -> _ToolCall:
         """The call a fragment belongs to: by `index`, and a new call whenever a new id shows
-        up (some servers number every call 0)."""
+        up (some servers number every call 0). Without an index, an id or a name starts a
+        new call and anything else continues the last one."""
         fragment_id = fragment.get("id") if isinstance(fragment.get("id"), str) else ""
         index = fragment.get("index")
         if not isinstance(index, int):
-            index = len(self._calls) if fragment_id else max(self._calls, default=0)
+            starts = bool(fragment_id or name) or not self._calls
+            index = max(self._calls, default=-1) + 1 if starts else max(self._calls)
         call = self._calls.get(index)
         if call is None or (fragment_id and call.upstream_id and fragment_id != call.upstream_id):
             call = _ToolCall(upstream_id=fragment_id or "", name="")

@@ -1,0 +1,50 @@
+# claude-proxy — the two commands a fresh machine needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ENV_FILE ?= .env
+CLAUDE_CODE_VERSION := 2.1.328
+CLAUDE_CODE_DIR := .cache/claude-code
+CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
+export CLAUDE_BIN
+
+.PHONY: run test lint typecheck unit clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+$(CLAUDE_BIN):
+	mkdir -p $(CLAUDE_CODE_DIR)
+	npm install --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund --loglevel=error \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+	test -x $(CLAUDE_BIN)
+
+## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
+run: $(VENV)/.installed
+	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
+
+## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
+test: $(VENV)/.installed-test $(CLAUDE_BIN) lint typecheck
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy src
+
+## unit: the fast tests only (no Claude Code)
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m "not claude_code"
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
