@@ -21,6 +21,10 @@ def settings(**overrides: Any) -> Settings:
     return Settings(**values)
 
 
+def convert(original: dict[str, Any], config: Settings) -> dict[str, Any]:
+    return convert_request(original, config).body
+
+
 def request(**fields: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 1024,
                             "messages": [{"role": "user", "content": "hi"}]}
@@ -33,7 +37,7 @@ def request(**fields: Any) -> dict[str, Any]:
 
 def test_claude_code_first_request_converts_field_by_field() -> None:
     original = load_fixture("claude-code-2.1.328-first-request.json")["body"]
-    body = convert_request(original, settings())
+    body = convert(original, settings())
 
     assert body["model"] == "up-big"  # claude-opus-5-5 → BIG_MODEL
     assert body["max_tokens"] == 16384  # 128000 clamped to PROVIDER_MAX_OUTPUT_TOKENS
@@ -77,7 +81,7 @@ def test_claude_code_first_request_converts_field_by_field() -> None:
 
 def test_claude_code_tool_loop_second_request() -> None:
     original = load_fixture("claude-code-2.1.328-tool-loop-second-request.json")["body"]
-    body = convert_request(original, settings())
+    body = convert(original, settings())
     roles = [message["role"] for message in body["messages"]]
     assert roles == ["system", "user", "system", "assistant", "tool"]
 
@@ -121,13 +125,13 @@ def test_model_mapping_falls_back_to_provider_profile() -> None:
 
 
 def test_max_tokens_is_clamped_and_kept_positive() -> None:
-    assert convert_request(request(max_tokens=500), settings())["max_tokens"] == 500
-    assert convert_request(request(max_tokens=10**6), settings())["max_tokens"] == 16384
-    assert convert_request(request(max_tokens=0), settings())["max_tokens"] == 1
+    assert convert(request(max_tokens=500), settings())["max_tokens"] == 500
+    assert convert(request(max_tokens=10**6), settings())["max_tokens"] == 16384
+    assert convert(request(max_tokens=0), settings())["max_tokens"] == 1
 
 
 def test_sampling_stop_and_user_fields() -> None:
-    body = convert_request(request(temperature=0.3, top_p=0.9, top_k=5,
+    body = convert(request(temperature=0.3, top_p=0.9, top_k=5,
                                    stop_sequences=["END", "STOP"],
                                    metadata={"user_id": "user-42"}), settings())
     assert body["temperature"] == 0.3 and body["top_p"] == 0.9
@@ -141,14 +145,14 @@ def test_sampling_stop_and_user_fields() -> None:
 
 
 def test_system_string_and_blocks() -> None:
-    assert convert_request(request(system="Be brief."), settings())["messages"][0] == {
+    assert convert(request(system="Be brief."), settings())["messages"][0] == {
         "role": "system", "content": "Be brief."}
     blocks = [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.1.abc;"},
         {"type": "text", "text": "First.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "Second."},
     ]
-    assert convert_request(request(system=blocks), settings())["messages"][0] == {
+    assert convert(request(system=blocks), settings())["messages"][0] == {
         "role": "system", "content": "First.\n\nSecond."}
 
 
@@ -160,7 +164,7 @@ def user_turn(*blocks: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_images_base64_and_url() -> None:
-    body = convert_request(request(messages=[user_turn(
+    body = convert(request(messages=[user_turn(
         {"type": "text", "text": "look"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                      "data": "iVBORw0KGgo="}},
@@ -174,7 +178,7 @@ def test_images_base64_and_url() -> None:
 
 
 def test_documents_text_and_pdf() -> None:
-    body = convert_request(request(messages=[user_turn(
+    body = convert(request(messages=[user_turn(
         {"type": "document", "source": {"type": "text", "media_type": "text/plain",
                                         "data": "plain body"}, "title": "Notes"},
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
@@ -191,7 +195,7 @@ def test_documents_text_and_pdf() -> None:
 
 
 def test_tool_results_come_first_then_user_text() -> None:
-    body = convert_request(request(messages=[
+    body = convert(request(messages=[
         {"role": "user", "content": "run it"},
         {"role": "assistant", "content": [
             {"type": "text", "text": "Running."},
@@ -217,7 +221,7 @@ def test_tool_results_come_first_then_user_text() -> None:
 
 
 def test_tool_result_images_follow_the_tool_message() -> None:
-    body = convert_request(request(messages=[user_turn({
+    body = convert(request(messages=[user_turn({
         "type": "tool_result", "tool_use_id": "toolu_9", "content": [
             {"type": "text", "text": "screenshot taken"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
@@ -232,7 +236,7 @@ def test_tool_result_images_follow_the_tool_message() -> None:
 
 
 def test_unknown_and_odd_blocks_never_fail() -> None:
-    body = convert_request(request(messages=[
+    body = convert(request(messages=[
         user_turn({"type": "mystery_block", "text": "kept as text"},
                   {"type": "another_one", "payload": 1},
                   {"type": "search_result", "source": "https://s", "title": "T",
@@ -255,7 +259,7 @@ def test_unknown_and_odd_blocks_never_fail() -> None:
 
 
 def test_assistant_turn_with_only_thinking_is_left_out() -> None:
-    body = convert_request(request(messages=[
+    body = convert(request(messages=[
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
                                            "signature": ""}]},
@@ -276,7 +280,7 @@ def test_tools_server_tools_and_tool_choice() -> None:
         {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
         {"name": "no_schema"},
     ]
-    body = convert_request(request(tools=tools, tool_choice={
+    body = convert(request(tools=tools, tool_choice={
         "type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}), settings())
     assert body["tools"] == [
         {"type": "function", "function": {
@@ -300,13 +304,13 @@ def test_tools_server_tools_and_tool_choice() -> None:
 def test_tool_choice_mapping(choice: dict[str, Any], expected: Any, parallel: Any) -> None:
     tools = [{"name": "f", "input_schema": {"type": "object"}},
              {"type": "web_search_20250305", "name": "web_search"}]
-    body = convert_request(request(tools=tools, tool_choice=choice), settings())
+    body = convert(request(tools=tools, tool_choice=choice), settings())
     assert body["tool_choice"] == expected
     assert body.get("parallel_tool_calls") == parallel
 
 
 def test_only_server_tools_means_no_tools_upstream() -> None:
-    body = convert_request(request(
+    body = convert(request(
         tools=[{"type": "web_search_20250305", "name": "web_search"}],
         tool_choice={"type": "tool", "name": "web_search"}), settings())
     assert "tools" not in body and "tool_choice" not in body
@@ -316,9 +320,9 @@ def test_deferred_tool_is_sent_once_a_tool_reference_loads_it() -> None:
     tools = [{"name": "ToolSearch", "input_schema": {"type": "object"}},
              {"name": "mcp__db__query", "defer_loading": True,
               "input_schema": {"type": "object", "properties": {"sql": {"type": "string"}}}}]
-    first = convert_request(request(tools=tools), settings())
+    first = convert(request(tools=tools), settings())
     assert [t["function"]["name"] for t in first["tools"]] == ["ToolSearch"]
-    loaded = convert_request(request(tools=tools, messages=[
+    loaded = convert(request(tools=tools, messages=[
         {"role": "user", "content": "query the db"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s",
                                            "name": "ToolSearch", "input": {"query": "db"}}]},

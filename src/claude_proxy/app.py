@@ -21,15 +21,11 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.config import Settings
-from claude_proxy.conversion.request_converter import convert_request
-from claude_proxy.conversion.response_converter import (
-    StreamConverter,
-    collect_message,
-    convert_chunks,
-)
+from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
+from claude_proxy.service import MessagesService
 from claude_proxy.sse import encode_events
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
@@ -123,17 +119,20 @@ def _frame(events: list[dict[str, Any]]) -> bytes:
 
 
 def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    secret = settings.thinking_signature_secret
+    signer = ThinkingSigner(secret.get_secret_value() if secret else None)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.upstream = OpenAIClient(settings, transport=transport)
+        client = OpenAIClient(settings, transport=transport)
+        app.state.service = MessagesService(settings, client, signer)
         try:
             yield
         finally:
-            await app.state.upstream.aclose()
+            await client.aclose()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    signer = ThinkingSigner()
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -156,16 +155,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         check_client_key(request, settings)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
-        upstream_body = convert_request(body, settings)
-        converter = StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
-                                    sign=signer.sign)
-        client: OpenAIClient = request.app.state.upstream
+        service: MessagesService = request.app.state.service
         if body.get("stream"):
-            stream = await client.open_stream(upstream_body)
+            converter, stream = await service.open_stream(body)
             return EventSourceResponse(relay_events(converter, stream), sep="\n")
-        completion = await client.complete(upstream_body)
-        events = convert_chunks(client._generate_buffered_stream_chunks(completion), converter)
-        return json_response(collect_message(events))
+        return json_response(await service.create(body))
 
     return app
 

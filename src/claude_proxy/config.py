@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PrefixList = Annotated[list[str] | None, NoDecode]
 
 PROVIDERS = (
     "kimi",
@@ -27,6 +29,14 @@ PROVIDERS = (
 )
 
 
+Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter",
+                  "chat_template_kwargs"]
+Passback = Literal["reasoning_content", "reasoning", "none"]
+Effort = Literal["minimal", "low", "medium", "high"]
+
+OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
+
+
 @dataclass(frozen=True)
 class ProviderProfile:
     """Defaults for one upstream family; every field can be overridden by a variable."""
@@ -36,21 +46,38 @@ class ProviderProfile:
     middle_model: str
     small_model: str
     max_output_tokens: int
+    dialect: Dialect
+    passback: Passback
+    chat_prefixes: tuple[str, ...] = ()
+    model_prefixes: tuple[str, ...] = ()
 
 
 PROFILES: dict[str, ProviderProfile] = {
-    "kimi": ProviderProfile("kimi", "kimi-k2.5", "kimi-k2.5", "kimi-k2.5", 32768),
-    "glm": ProviderProfile("glm", "glm-4.7", "glm-4.7", "glm-4.5-air", 32768),
+    "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768,
+                            "thinking", "reasoning_content", ("kimi-k2",)),
+    "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768,
+                           "thinking", "reasoning_content",
+                           ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5")),
     "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
-                                "deepseek-chat", 8192),
-    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768),
+                                "deepseek-chat", 8192, "thinking", "reasoning_content",
+                                ("deepseek-",)),
+    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768,
+                                 "enable_thinking", "none",
+                                 ("qwen3", "qwen-plus", "qwen-flash", "qwen-turbo", "qwq",
+                                  "glm-", "deepseek-v3")),
     "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
-                                  "openai/gpt-4o-mini", 32768),
-    "vllm": ProviderProfile("vllm", "default", "default", "default", 16384),
-    "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384),
-    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384),
-    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384),
+                                  "openai/gpt-4o-mini", 32768, "openrouter", "none", ("*",)),
+    "vllm": ProviderProfile("vllm", "default", "default", "default", 16384,
+                            "chat_template_kwargs", "reasoning", ("*",)),
+    "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, "reasoning_effort",
+                              "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
+    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384,
+                             "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
+    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384,
+                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
 }
+
+DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2")
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -114,6 +141,36 @@ class Settings(BaseSettings):
     retry_max_delay: float = Field(default=8.0, ge=0)
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
+    reasoning_chat_prefixes: PrefixList = None
+    reasoning_model_prefixes: PrefixList = None
+    reasoning_default_enabled: bool = False
+    reasoning_effort: Effort = "medium"
+    reasoning_verbosity: Literal["low", "medium", "high"] | None = None
+    reasoning_chat_max_output_tokens: int | None = Field(default=None, ge=1)
+    reasoning_dialect: Dialect | None = None
+    reasoning_with_tools: bool = False
+    reasoning_passback: Passback | None = None
+    think_tag_prefixes: PrefixList = None
+    thinking_signature_secret: SecretStr | None = None
+    buffer_stream_model_prefixes: PrefixList = None
+
+    @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
+                     "buffer_stream_model_prefixes", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        """`a,b, c` in the environment; an explicit empty value means 'none'."""
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
+                     "reasoning_passback", mode="before")
+    @classmethod
+    def _lower_choice(cls, value: object) -> object:
+        if value == "":
+            return None
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_log_level(cls, value: object) -> object:
@@ -158,6 +215,48 @@ class Settings(BaseSettings):
     def max_output_tokens(self) -> int:
         return self.provider_max_output_tokens or self.profile.max_output_tokens
 
+    @property
+    def dialect(self) -> Dialect:
+        return self.reasoning_dialect or self.profile.dialect
+
+    @property
+    def passback(self) -> Passback:
+        """Azure rejects unknown message fields, so nothing is passed back there."""
+        if self.is_azure:
+            return "none"
+        return self.reasoning_passback or self.profile.passback
+
+    @property
+    def chat_prefixes(self) -> tuple[str, ...]:
+        if self.is_azure and self.reasoning_chat_prefixes is None:
+            return ()
+        if self.reasoning_chat_prefixes is None:
+            return self.profile.chat_prefixes
+        return tuple(self.reasoning_chat_prefixes)
+
+    @property
+    def model_prefixes(self) -> tuple[str, ...]:
+        if self.reasoning_model_prefixes is None:
+            return self.profile.model_prefixes
+        return tuple(self.reasoning_model_prefixes)
+
+    @property
+    def think_tag_models(self) -> tuple[str, ...]:
+        if self.think_tag_prefixes is None:
+            return DEFAULT_THINK_TAG_PREFIXES
+        return tuple(self.think_tag_prefixes)
+
+    @property
+    def buffered_models(self) -> tuple[str, ...]:
+        return tuple(self.buffer_stream_model_prefixes or ())
+
+    @property
+    def reasoning_max_output_tokens(self) -> int:
+        """The output cap while reasoning is on: both limits apply."""
+        if self.reasoning_chat_max_output_tokens is None:
+            return self.max_output_tokens
+        return min(self.reasoning_chat_max_output_tokens, self.max_output_tokens)
+
     def model_for_tier(self, tier: Literal["big", "middle", "small"]) -> str:
         """The upstream model configured for opus (big), sonnet (middle) or haiku (small)."""
         configured = {"big": self.big_model, "middle": self.middle_model,
@@ -170,9 +269,19 @@ class Settings(BaseSettings):
     def secrets(self) -> list[str]:
         """Every configured secret value, for log and response redaction."""
         values = [self.openai_api_key.get_secret_value()]
-        if self.anthropic_api_key is not None:
-            values.append(self.anthropic_api_key.get_secret_value())
+        for secret in (self.anthropic_api_key, self.thinking_signature_secret):
+            if secret is not None:
+                values.append(secret.get_secret_value())
         return [value for value in values if value]
+
+
+def matches_prefix(model: str, prefixes: tuple[str, ...]) -> bool:
+    """Case-insensitive prefix match on the model name or its last path segment
+    (`deepseek-ai/DeepSeek-R1` matches `deepseek-r1`); `*` matches every model."""
+    name = model.lower()
+    short = name.rsplit("/", 1)[-1]
+    return any(prefix == "*" or name.startswith(prefix.lower()) or short.startswith(
+        prefix.lower()) for prefix in prefixes)
 
 
 def load_settings(env_file: str | Path | None = None) -> Settings:

@@ -114,6 +114,11 @@ class OpenAIClient:
                 continue
             return stream
 
+    async def open_buffered_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """A non-streaming completion, replayed as chunks (for models that stream badly)."""
+        completion = await self.complete(body)
+        return UpstreamStream(None, _iterate(self._generate_buffered_stream_chunks(completion)))
+
     def _wrap(self, response: httpx.Response) -> UpstreamStream:
         content_type = response.headers.get("content-type", "")
         if "text/event-stream" in content_type:
@@ -206,6 +211,11 @@ def _parse_json_body(content: bytes) -> Chunk:
     if data.get("error"):
         raise error_from_payload(data["error"])
     return data
+
+
+async def _iterate(chunks: Iterator[Chunk]) -> AsyncIterator[Chunk]:
+    for chunk in chunks:
+        yield chunk
 
 
 async def _buffered_chunks(response: httpx.Response) -> AsyncIterator[Chunk]:

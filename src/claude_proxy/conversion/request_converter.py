@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from claude_proxy.config import Settings
+from claude_proxy.config import Dialect, Settings, matches_prefix
 from claude_proxy.conversion.messages import (
     AssistantTurn,
     convert_assistant_turn,
@@ -12,11 +15,18 @@ from claude_proxy.conversion.messages import (
     convert_system_turn,
     convert_user_turn,
 )
+from claude_proxy.conversion.reasoning import (
+    attach_passback,
+    dialect_parameters,
+    effective_reasoning,
+)
 from claude_proxy.conversion.tools import (
     convert_tool_choice,
     convert_tools,
     referenced_tool_names,
 )
+
+logger = logging.getLogger("claude_proxy.conversion")
 
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 
@@ -60,24 +70,95 @@ def clamp_max_tokens(requested: int, limit: int) -> int:
     return max(1, min(requested, limit))
 
 
-def convert_request(request: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """The upstream body for a validated Anthropic request (without reasoning parameters)."""
-    messages, _ = convert_messages(request["messages"])
+@dataclass
+class UpstreamRequest:
+    """The upstream body and what the rest of the pipeline needs to know about it."""
+
+    body: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Reasoning fields the proxy added (logged at DEBUG; a 400 naming one triggers the
+    fallback)."""
+    thinking: bool = False
+    """Whether the answer's reasoning is wanted (the client's intent after the tools rule);
+    inline `<think>` text is removed from the answer when it is not."""
+    think_tags: bool = False
+    """Split `<think>` tags out of the content of this model's answer."""
+    buffered: bool = False
+    """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
+
+
+def convert_request(
+    request: dict[str, Any],
+    settings: Settings,
+    *,
+    is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
+    without_reasoning: bool = False,
+) -> UpstreamRequest:
+    """The upstream request for a validated Anthropic request.
+
+    `is_ours` tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
+    `without_reasoning` leaves every reasoning field out (a model known to refuse them).
+    """
+    messages, assistant_turns = convert_messages(request["messages"])
     system = convert_system(request.get("system"))
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
 
+    model = map_model(request["model"], settings)
     body: dict[str, Any] = {
-        "model": map_model(request["model"], settings),
+        "model": model,
         "messages": messages,
         "max_tokens": clamp_max_tokens(int(request["max_tokens"]), settings.max_output_tokens),
     }
-    if request.get("stream"):
+    buffered = bool(request.get("stream")) and matches_prefix(model, settings.buffered_models)
+    if request.get("stream") and not buffered:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     _copy_sampling(request, body)
     _add_tools(request, body)
-    return body
+    result = UpstreamRequest(body, buffered=buffered)
+    if without_reasoning:
+        result.thinking = effective_reasoning(request, settings, "tools" in body).level is not None
+    else:
+        result.extras, result.thinking = apply_reasoning_parameters(body, request, settings)
+        passback = settings.passback
+        attach_passback(messages, assistant_turns, passback, is_ours)
+        if passback != "none" and any(passback in message for message in messages):
+            result.extras[passback] = "<history>"
+    result.think_tags = matches_prefix(model, settings.think_tag_models)
+    return result
+
+
+def apply_reasoning_parameters(
+    body: dict[str, Any], request: dict[str, Any], settings: Settings
+) -> tuple[dict[str, Any], bool]:
+    """Turn thinking on or off upstream, in the upstream's dialect.
+
+    Returns the fields added and whether thinking is wanted. Only models matching
+    REASONING_CHAT_PREFIXES or REASONING_MODEL_PREFIXES get any field: other upstreams
+    (Azure among them) reject fields they do not know.
+    """
+    model = body["model"]
+    wanted = effective_reasoning(request, settings, "tools" in body)
+    on = wanted.level is not None
+    is_reasoning_model = matches_prefix(model, settings.model_prefixes)
+    if not is_reasoning_model and not matches_prefix(model, settings.chat_prefixes):
+        return {}, on
+    if is_reasoning_model:
+        # OpenAI reasoning models: max_completion_tokens, and no sampling parameters.
+        body["max_completion_tokens"] = body.pop("max_tokens")
+        for name in ("temperature", "top_p"):
+            body.pop(name, None)
+        dialect: Dialect = "reasoning_effort"
+    else:
+        dialect = settings.dialect
+    extras = dialect_parameters(dialect, wanted, provider=settings.provider_name,
+                                verbosity=settings.reasoning_verbosity)
+    body.update(extras)
+    if on:
+        limit_key = "max_completion_tokens" if is_reasoning_model else "max_tokens"
+        body[limit_key] = clamp_max_tokens(body[limit_key], settings.reasoning_max_output_tokens)
+    return extras, on
 
 
 def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
+from claude_proxy.conversion.think_tags import Piece, ThinkTagSplitter
 from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, find_usage
 from claude_proxy.errors import ProxyError, error_from_payload
 
@@ -194,7 +195,11 @@ class StreamConverter:
         input_tokens: int,
         sign: Callable[[str], str],
         message_id: str | None = None,
+        think_tags: bool = False,
+        show_inline_thinking: bool = True,
     ) -> None:
+        """`think_tags` splits `<think>` sections out of the content; with
+        `show_inline_thinking` False (the client turned thinking off) they are removed."""
         self.model = model
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
@@ -208,6 +213,10 @@ class StreamConverter:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._streamed_chars = 0
+        self._think_tags = think_tags
+        self._show_inline_thinking = show_inline_thinking
+        self._splitter: ThinkTagSplitter | None = None
+        self._saw_reasoning_field = False
         self.finished = False
 
     # ------------------------------------------------------------ public API
@@ -255,7 +264,8 @@ class StreamConverter:
 
     def finish(self) -> list[Event]:
         """Close everything and end the message: message_delta, then message_stop."""
-        events = self._close_all()
+        events = self._flush_splitter()
+        events.extend(self._close_all())
         if self._next_index == 0 and self._held_whitespace:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
@@ -268,7 +278,8 @@ class StreamConverter:
 
     def fail(self, error: ProxyError) -> list[Event]:
         """Close every open block, then one `error` event (the stream then ends)."""
-        events = self._close_all()
+        events = self._flush_splitter()
+        events.extend(self._close_all())
         self.finished = True
         events.append(error.body())
         return events
@@ -294,15 +305,43 @@ class StreamConverter:
     def _feed_delta(self, delta: dict[str, Any], events: list[Event]) -> None:
         reasoning = _merge_reasoning_fields(delta)
         if reasoning:
+            self._saw_reasoning_field = True
             self._add_thinking(reasoning, events)
         content = delta.get("content")
         if isinstance(content, str) and content:
-            self._add_text(content, events)
+            if self._think_tags:
+                self._add_pieces(self._split(content), events)
+            else:
+                self._add_text(content, events)
         tool_calls = delta.get("tool_calls")
         if isinstance(tool_calls, list):
             for fragment in tool_calls:
                 if isinstance(fragment, dict):
                     self._add_tool_fragment(fragment, events)
+
+    def _split(self, content: str) -> list[Piece]:
+        if self._splitter is None:
+            # A stream that opens with text but no tag is already thinking (the template
+            # opened the tag) unless the upstream sends its reasoning in a field.
+            implicit = self._show_inline_thinking and not self._saw_reasoning_field
+            self._splitter = ThinkTagSplitter(implicit_thinking=implicit)
+        return self._splitter.feed(content)
+
+    def _flush_splitter(self) -> list[Event]:
+        events: list[Event] = []
+        if self._splitter is not None:
+            self._add_pieces(self._splitter.flush(), events)
+        return events
+
+    def _add_pieces(self, pieces: list[Piece], events: list[Event]) -> None:
+        for kind, text in pieces:
+            if kind == "text":
+                self._add_text(text, events)
+            elif self._show_inline_thinking:
+                self._add_thinking(text, events)
+            else:
+                self._streamed_chars += len(text)
+                logger.debug("removed %d characters of inline thinking", len(text))
 
     def _add_thinking(self, text: str, events: list[Event]) -> None:
         self._streamed_chars += len(text)

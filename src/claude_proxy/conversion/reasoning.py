@@ -1,0 +1,133 @@
+"""Reasoning on the request side: the level the client asked for, and how each upstream
+dialect is told. Pure functions; `apply_reasoning_parameters` in the request converter
+strings them together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from claude_proxy.config import Dialect, Passback, Settings
+from claude_proxy.conversion.messages import AssistantTurn
+
+logger = logging.getLogger("claude_proxy.conversion")
+
+_EFFORT_ALIASES = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                   "max": "high", "minimal": "minimal"}
+_OLLAMA_EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}
+
+
+@dataclass(frozen=True)
+class ReasoningRequest:
+    """What the client wants: a level (None = off) and, if it gave one, a token budget."""
+
+    level: str | None
+    budget: int | None = None
+
+
+def level_for_budget(budget: int) -> str:
+    if budget <= 2048:
+        return "minimal"
+    if budget <= 4096:
+        return "low"
+    if budget <= 8192:
+        return "medium"
+    return "high"
+
+
+def requested_reasoning(request: dict[str, Any], settings: Settings) -> ReasoningRequest:
+    """The client's intent first, then the configuration (reasoning.md, 'Deciding the level')."""
+    thinking = request.get("thinking")
+    if not isinstance(thinking, dict):
+        if settings.reasoning_default_enabled:
+            return ReasoningRequest(settings.reasoning_effort)
+        return ReasoningRequest(None)
+    kind = thinking.get("type")
+    if kind == "disabled":
+        return ReasoningRequest(None)
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+            return ReasoningRequest(level_for_budget(budget), budget)
+        return ReasoningRequest(settings.reasoning_effort)
+    # "adaptive" (what Claude Code sends to a custom base URL) and newer kinds.
+    output_config = request.get("output_config")
+    effort = output_config.get("effort") if isinstance(output_config, dict) else None
+    return ReasoningRequest(_EFFORT_ALIASES.get(str(effort), settings.reasoning_effort))
+
+
+def effective_reasoning(request: dict[str, Any], settings: Settings,
+                        has_tools: bool) -> ReasoningRequest:
+    """The client's intent, turned off for requests with tools unless REASONING_WITH_TOOLS
+    (older models cannot call functions while thinking)."""
+    wanted = requested_reasoning(request, settings)
+    if wanted.level is not None and has_tools and not settings.reasoning_with_tools:
+        logger.debug("thinking turned off: the request has tools "
+                     "(set REASONING_WITH_TOOLS=true to keep it)")
+        return ReasoningRequest(None)
+    return wanted
+
+
+def dialect_parameters(dialect: Dialect, wanted: ReasoningRequest, *, provider: str,
+                       verbosity: str | None) -> dict[str, Any]:
+    """The body fields that turn reasoning on (at a level) or off, in one dialect.
+
+    Never a contradictory pair: an effort is only sent with "on", a budget only where the
+    dialect takes one, and OpenRouter gets an effort or a budget, never both.
+    """
+    on = wanted.level is not None
+    if dialect == "enable_thinking":
+        params: dict[str, Any] = {"enable_thinking": on}
+        if on and wanted.budget:
+            params["thinking_budget"] = wanted.budget
+        return params
+    if dialect == "thinking":
+        return {"thinking": {"type": "enabled" if on else "disabled"}}
+    if dialect == "openrouter":
+        if not on:
+            return {"reasoning": {"enabled": False}}
+        if wanted.budget:
+            return {"reasoning": {"max_tokens": wanted.budget}}
+        return {"reasoning": {"effort": wanted.level}}
+    if dialect == "chat_template_kwargs":
+        # Qwen3 templates read enable_thinking; DeepSeek-V3.1 and Granite read thinking.
+        return {"chat_template_kwargs": {"enable_thinking": on, "thinking": on}}
+    return _effort_parameters(wanted, provider=provider, verbosity=verbosity)
+
+
+def _effort_parameters(wanted: ReasoningRequest, *, provider: str,
+                       verbosity: str | None) -> dict[str, Any]:
+    if provider == "ollama":
+        # Ollama takes only high|medium|low|none, and "none" is its explicit off.
+        return {"reasoning_effort": _OLLAMA_EFFORTS.get(wanted.level or "", "none")}
+    if wanted.level is None:
+        return {}
+    params: dict[str, Any] = {"reasoning_effort": wanted.level}
+    if verbosity:
+        params["verbosity"] = verbosity
+    return params
+
+
+def attach_passback(
+    messages: list[dict[str, Any]],
+    turns: list[tuple[int, AssistantTurn]],
+    field: Passback,
+    is_ours: Callable[[dict[str, Any]], bool],
+) -> None:
+    """Put each assistant turn's earlier thinking back on its message as `field`.
+
+    Turns that made tool calls always get the field (`""` when they had no thinking), since
+    DeepSeek and Kimi reject tool-call turns without it. Thinking blocks that are not the
+    proxy's own (a foreign signature) and redacted thinking are dropped.
+    """
+    if field == "none":
+        return
+    for position, turn in turns:
+        text = "".join(block.get("thinking", "") for block in turn.thinking
+                       if block.get("type") == "thinking" and is_ours(block))
+        message = messages[position]
+        if text or message.get("tool_calls"):
+            message[field] = text

@@ -1,0 +1,102 @@
+"""One Messages request from validated body to upstream answer: conversion, the reasoning
+fallback, and the converter that turns the answer into Anthropic events.
+
+Kept apart from `app.py` (HTTP framing) and `upstream.py` (the network), so the flow reads in
+one place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from claude_proxy.capabilities import ReasoningRefusals, names_added_field
+from claude_proxy.config import Settings
+from claude_proxy.conversion.request_converter import (
+    UpstreamRequest,
+    convert_request,
+    map_model,
+)
+from claude_proxy.conversion.response_converter import (
+    StreamConverter,
+    collect_message,
+    convert_chunks,
+)
+from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.errors import ProxyError
+from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.upstream import OpenAIClient, UpstreamStream
+
+logger = logging.getLogger("claude_proxy.service")
+
+T = TypeVar("T")
+
+
+class MessagesService:
+    def __init__(self, settings: Settings, client: OpenAIClient, signer: ThinkingSigner,
+                 refusals: ReasoningRefusals | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.signer = signer
+        self.refusals = refusals or ReasoningRefusals()
+
+    def is_ours(self, block: dict[str, Any]) -> bool:
+        """Our own thinking block: its signature verifies. A block with an empty signature
+        (from a proxy that did not sign) is plain text the client showed, and counts too;
+        any other signature (e.g. a real Anthropic one) does not."""
+        signature = block.get("signature")
+        if not signature:
+            return True
+        return isinstance(signature, str) and self.signer.verify(
+            str(block.get("thinking", "")), signature)
+
+    def convert(self, body: dict[str, Any], *, without_reasoning: bool = False
+                ) -> UpstreamRequest:
+        model = map_model(body["model"], self.settings)
+        refused = without_reasoning or self.refusals.refuses(model)
+        upstream = convert_request(body, self.settings, is_ours=self.is_ours,
+                                   without_reasoning=refused)
+        logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
+        return upstream
+
+    def converter(self, body: dict[str, Any], upstream: UpstreamRequest) -> StreamConverter:
+        return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
+                               sign=self.signer.sign, think_tags=upstream.think_tags,
+                               show_inline_thinking=upstream.thinking)
+
+    async def _call(self, body: dict[str, Any],
+                    send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
+        """Send; if the upstream refuses a reasoning field we added, remember that for the
+        model and send once more without reasoning fields."""
+        upstream = self.convert(body)
+        try:
+            return upstream, await send(upstream)
+        except ProxyError as error:
+            if error.status != 400 or not upstream.extras or not names_added_field(
+                    error.message, upstream.extras):
+                raise
+            model = upstream.body["model"]
+            logger.warning("upstream model %s refused the reasoning fields %s (%s); retrying "
+                           "without them, and leaving them out for this model from now on",
+                           model, sorted(upstream.extras), error.message)
+            self.refusals.remember(model)
+            upstream = self.convert(body, without_reasoning=True)
+            return upstream, await send(upstream)
+
+    async def open_stream(self, body: dict[str, Any]) -> tuple[StreamConverter, UpstreamStream]:
+        """The upstream stream, opened (errors before the first byte raise ProxyError)."""
+        def send(upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+            if upstream.buffered:
+                return self.client.open_buffered_stream(upstream.body)
+            return self.client.open_stream(upstream.body)
+
+        upstream, stream = await self._call(body, send)
+        return self.converter(body, upstream), stream
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A whole Message, for non-streaming clients."""
+        upstream, completion = await self._call(
+            body, lambda upstream: self.client.complete(upstream.body))
+        chunks = self.client._generate_buffered_stream_chunks(completion)
+        return collect_message(convert_chunks(chunks, self.converter(body, upstream)))
