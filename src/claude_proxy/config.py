@@ -46,6 +46,7 @@ class ProviderProfile:
     middle_model: str
     small_model: str
     max_output_tokens: int
+    reasoning_max_output_tokens: int
     dialect: Dialect
     passback: Passback
     chat_prefixes: tuple[str, ...] = ()
@@ -53,27 +54,27 @@ class ProviderProfile:
 
 
 PROFILES: dict[str, ProviderProfile] = {
-    "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768,
+    "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768, 32768,
                             "thinking", "reasoning_content", ("kimi-k2",)),
-    "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768,
+    "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768, 32768,
                            "thinking", "reasoning_content",
                            ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5")),
     "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
-                                "deepseek-chat", 8192, "thinking", "reasoning_content",
+                                "deepseek-chat", 8192, 32768, "thinking", "reasoning_content",
                                 ("deepseek-",)),
-    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768,
+    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768, 32768,
                                  "enable_thinking", "none",
                                  ("qwen3", "qwen-plus", "qwen-flash", "qwen-turbo", "qwq",
                                   "glm-", "deepseek-v3")),
     "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
-                                  "openai/gpt-4o-mini", 32768, "openrouter", "none", ("*",)),
-    "vllm": ProviderProfile("vllm", "default", "default", "default", 16384,
+                                  "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",)),
+    "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
                             "chat_template_kwargs", "reasoning", ("*",)),
-    "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, "reasoning_effort",
+    "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
                               "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
-    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384,
+    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
-    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384,
+    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
 }
 
@@ -252,10 +253,10 @@ class Settings(BaseSettings):
 
     @property
     def reasoning_max_output_tokens(self) -> int:
-        """The output cap while reasoning is on: both limits apply."""
-        if self.reasoning_chat_max_output_tokens is None:
-            return self.max_output_tokens
-        return min(self.reasoning_chat_max_output_tokens, self.max_output_tokens)
+        """The output cap while reasoning is on, in place of PROVIDER_MAX_OUTPUT_TOKENS:
+        reasoning tokens count against it, and some providers allow more in thinking mode
+        (DeepSeek: 8K without, 32K+ with)."""
+        return self.reasoning_chat_max_output_tokens or self.profile.reasoning_max_output_tokens
 
     def model_for_tier(self, tier: Literal["big", "middle", "small"]) -> str:
         """The upstream model configured for opus (big), sonnet (middle) or haiku (small)."""

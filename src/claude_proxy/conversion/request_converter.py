@@ -41,13 +41,13 @@ def map_model(requested: str, settings: Settings) -> str:
 
 
 def convert_messages(
-    messages: list[dict[str, Any]],
+    messages: list[dict[str, Any]], system: str | None = None
 ) -> tuple[list[dict[str, Any]], list[tuple[int, AssistantTurn]]]:
-    """The OpenAI messages, and each assistant turn with its position in that list.
-
-    The positions let the reasoning layer attach earlier thinking to the right message.
-    """
+    """The OpenAI messages (the system prompt first), and each assistant turn with its
+    position in that list, so the reasoning layer can attach earlier thinking to it."""
     converted: list[dict[str, Any]] = []
+    if system is not None:
+        converted.append({"role": "system", "content": system})
     assistant_turns: list[tuple[int, AssistantTurn]] = []
     for message in messages:
         role = message.get("role")
@@ -99,10 +99,8 @@ def convert_request(
     `is_ours` tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
     `without_reasoning` leaves every reasoning field out (a model known to refuse them).
     """
-    messages, assistant_turns = convert_messages(request["messages"])
-    system = convert_system(request.get("system"))
-    if system is not None:
-        messages.insert(0, {"role": "system", "content": system})
+    messages, assistant_turns = convert_messages(request["messages"],
+                                                 convert_system(request.get("system")))
 
     model = map_model(request["model"], settings)
     body: dict[str, Any] = {
@@ -157,7 +155,8 @@ def apply_reasoning_parameters(
     body.update(extras)
     if on:
         limit_key = "max_completion_tokens" if is_reasoning_model else "max_tokens"
-        body[limit_key] = clamp_max_tokens(body[limit_key], settings.reasoning_max_output_tokens)
+        body[limit_key] = clamp_max_tokens(int(request["max_tokens"]),
+                                           settings.reasoning_max_output_tokens)
     return extras, on
 
 
