@@ -1,0 +1,174 @@
+"""End to end with the real Claude Code CLI (2.1.328, installed by `make test`) pointed at the
+proxy, which talks to the scripted upstream.
+
+Claude Code runs with an isolated HOME and TMPDIR in an empty working folder, with
+`-p … --output-format stream-json --verbose`; its stdout lines are what a user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from claude_proxy.conversion.signatures import ThinkingSigner
+from tests.conftest import ProxyServer
+from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, error_reply, text_stream
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAUDE_BIN = Path(os.environ.get(
+    "CLAUDE_BIN",
+    ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
+if not CLAUDE_BIN.is_absolute():
+    CLAUDE_BIN = ROOT / CLAUDE_BIN
+
+pytestmark = [
+    pytest.mark.claude_code,
+    pytest.mark.skipif(not os.access(CLAUDE_BIN, os.X_OK) and not os.environ.get("CI"),
+                       reason="Claude Code not installed (make test installs it)"),
+]
+
+SECRET = "claude-code-e2e-secret"
+SIGNER = ThinkingSigner(SECRET)
+TOOL_OUTPUT = "hi-from-tool"
+
+
+def run_claude(tmp_path: Path, proxy: ProxyServer, prompt: str, *args: str,
+               model: str | None = "claude-sonnet-4-6") -> list[dict[str, Any]]:
+    """One `claude -p` run; returns its stream-json lines (the last one is the result)."""
+    home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
+    for folder in (home, work, tmp):
+        folder.mkdir(exist_ok=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "TMPDIR": str(tmp), "ANTHROPIC_BASE_URL": proxy.url,
+           "ANTHROPIC_API_KEY": "sk-claude-code-test",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_MAX_RETRIES": "0"}
+    if model:
+        env["ANTHROPIC_MODEL"] = model
+    command = [str(CLAUDE_BIN), "-p", prompt, "--output-format", "stream-json", "--verbose",
+               "--no-session-persistence", *args]
+    result = subprocess.run(command, env=env, cwd=work, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert lines and lines[-1]["type"] == "result", (result.stdout, result.stderr)
+    return lines
+
+
+def blocks(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [block for line in lines if line["type"] == "assistant"
+            for block in line["message"]["content"] if block["type"] == kind]
+
+
+def test_plain_prompt_shows_the_upstream_text(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    answer = "pong from the upstream — ünïcode ✓"
+    upstream.queue(text_stream(["pong from ", "the upstream — ", "ünïcode ✓"], usage={
+        "prompt_tokens": 9000, "completion_tokens": 12, "total_tokens": 9012}))
+    lines = run_claude(tmp_path, proxy, "say pong")
+    assert [b["text"] for b in blocks(lines, "text")] == [answer]
+    result = lines[-1]
+    assert result["is_error"] is False and result["result"] == answer
+    assert result["usage"]["output_tokens"] == 12
+    assert len(upstream.requests) == 1
+    sent = upstream.requests[0]
+    assert sent["model"] == "middle-upstream" and sent["stream"] is True
+    assert sent["messages"][-1]["role"] in ("user", "system")
+    assert "x-anthropic-billing-header" not in json.dumps(sent)
+
+
+def test_default_model_request_with_inline_system_message(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """Without ANTHROPIC_MODEL, Claude Code 2.1.328 uses claude-opus-5-5: adaptive thinking,
+    output_config and a role:"system" message inside `messages`."""
+    upstream.queue(text_stream(["opus says hi"]))
+    lines = run_claude(tmp_path, proxy, "hello", model=None)
+    assert lines[-1]["result"] == "opus says hi" and lines[-1]["is_error"] is False
+    sent = upstream.requests[0]
+    assert sent["model"] == "big-upstream"
+    assert "system" in [m["role"] for m in sent["messages"][1:]]
+
+
+def bash_loop_responder(reasoning: bool) -> Callable[[dict[str, Any]], Reply]:
+    """First request: (reasoning, then) a Bash call; second: an answer quoting the result.
+    With reasoning, it refuses a tool-call turn that lacks reasoning_content (as DeepSeek)."""
+    def respond(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last["role"] != "tool":
+            events: list[str | dict[str, Any]] = []
+            if reasoning:
+                events += [chunk({"role": "assistant", "reasoning_content": "I need to run "}),
+                           chunk({"reasoning_content": "echo first."})]
+            events += [
+                chunk({"tool_calls": [{"index": 0, "id": "call_cc_1", "type": "function",
+                                       "function": {"name": "Bash", "arguments": ""}}]}),
+                chunk({"tool_calls": [{"index": 0, "function": {
+                    "arguments": '{"command": "echo hi-from-tool", '}}]}),
+                chunk({"tool_calls": [{"index": 0, "function": {
+                    "arguments": '"description": "Print a greeting"}'}}]}),
+                chunk({}, "tool_calls")]
+            return Reply(events=events)
+        assistant = body["messages"][-2]
+        if reasoning and assistant.get("reasoning_content") != "I need to run echo first.":
+            return error_reply(400, "The reasoning_content in the thinking mode must be "
+                                    "passed back to the API.")
+        first_line = last["content"].splitlines()[0]
+        return text_stream(["The command printed: ", first_line])
+    return respond
+
+
+def test_bash_tool_loop(tmp_path: Path, proxy: ProxyServer,
+                        upstream: ScriptedUpstream) -> None:
+    upstream.responder = bash_loop_responder(reasoning=False)
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    tool_uses = blocks(lines, "tool_use")
+    assert [(t["id"], t["name"], t["input"]) for t in tool_uses] == [
+        ("call_cc_1", "Bash", {"command": "echo hi-from-tool", "description": "Print a greeting"})]
+    results = [block for line in lines if line["type"] == "user"
+               for block in line["message"]["content"] if block.get("type") == "tool_result"]
+    assert results[0]["content"] == TOOL_OUTPUT and results[0]["is_error"] is False
+    second = upstream.requests[1]
+    tool_message = second["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_cc_1"
+    assert tool_message["content"].startswith(TOOL_OUTPUT)
+    assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "Bash"
+    assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"
+    assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2
+
+
+def test_reasoning_shows_as_thinking_and_tool_loop_passes_it_back(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(provider="deepseek", middle_model="deepseek-reasoner",
+                          reasoning_with_tools=True, thinking_signature_secret=SECRET)
+    upstream.responder = bash_loop_responder(reasoning=True)
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    thinking = blocks(lines, "thinking")
+    assert [t["thinking"] for t in thinking] == ["I need to run echo first."]
+    assert SIGNER.verify(thinking[0]["thinking"], thinking[0]["signature"])
+    first = upstream.requests[0]
+    assert first["thinking"] == {"type": "enabled"}  # adaptive thinking from Claude Code
+    assert upstream.requests[1]["messages"][-2]["reasoning_content"] == (
+        "I need to run echo first.")
+    assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"
+    assert lines[-1]["is_error"] is False
+
+
+def test_thinking_block_streams_with_exact_text(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(provider="glm", middle_model="glm-4.7-flash",
+                          reasoning_with_tools=True, thinking_signature_secret=SECRET)
+    reasoning = ["  Leading spaces stay.\n", "Line two, ", "ünïcode ✓ ", "\n\n"]
+    upstream.queue(Reply(events=[
+        chunk({"role": "assistant", "reasoning_content": piece}) for piece in reasoning] + [
+        chunk({"content": "Final answer."}), chunk({}, "stop")]))
+    lines = run_claude(tmp_path, proxy, "think about it")
+    thinking = blocks(lines, "thinking")
+    assert [t["thinking"] for t in thinking] == ["".join(reasoning)]
+    assert [b["text"] for b in blocks(lines, "text")] == ["Final answer."]
+    assert lines[-1]["result"] == "Final answer."
