@@ -6,6 +6,7 @@ network is `upstream.py`'s.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator
@@ -18,17 +19,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.config import Settings
-from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
-from claude_proxy.sse import encode_events
 from claude_proxy.tokens import estimate_request_tokens
-from claude_proxy.upstream import OpenAIClient, UpstreamStream
+from claude_proxy.upstream import OpenAIClient
 
 logger = logging.getLogger("claude_proxy.app")
 sse_logger = logging.getLogger("claude_proxy.sse")
@@ -85,36 +86,6 @@ def _too_large(limit: int) -> ProxyError:
                       error_type="request_too_large")
 
 
-# ---------------------------------------------------------------- streaming relay
-
-
-async def relay_events(converter: StreamConverter, stream: UpstreamStream) -> AsyncIterator[bytes]:
-    """Upstream chunks through the converter to SSE bytes; failures end in `event: error`.
-
-    If the client goes away, the generator is cancelled and the upstream response is closed
-    at once by the `finally`.
-    """
-    try:
-        yield _frame(converter.start())
-        async for chunk in stream:
-            events = converter.feed(chunk)
-            if events:
-                yield _frame(events)
-        yield _frame(converter.finish())
-    except ProxyError as error:
-        logger.warning("upstream stream failed: %s", error.message)
-        yield _frame(converter.fail(error))
-    finally:
-        await stream.aclose()
-
-
-def _frame(events: list[dict[str, Any]]) -> bytes:
-    if sse_logger.isEnabledFor(logging.DEBUG):
-        for event in events:
-            sse_logger.debug("SSE outbound: %s", orjson.dumps(event).decode())
-    return encode_events(events)
-
-
 # ---------------------------------------------------------------- application
 
 
@@ -156,10 +127,13 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
         service: MessagesService = request.app.state.service
+        deadline = asyncio.get_running_loop().time() + settings.total_timeout
         if body.get("stream"):
-            converter, stream = await service.open_stream(body)
-            return EventSourceResponse(relay_events(converter, stream), sep="\n")
-        return json_response(await service.create(body))
+            converter, stream = await before_first_byte(request, service.open_stream(body),
+                                                        deadline)
+            return EventSourceResponse(relay_events(converter, stream, deadline), sep="\n",
+                                       background=BackgroundTask(stream.aclose))
+        return json_response(await before_first_byte(request, service.create(body), deadline))
 
     return app
 
@@ -168,6 +142,16 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProxyError)
     async def proxy_error(_: Request, exc: ProxyError) -> Response:
         return error_response(exc)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_left(_: Request, exc: ClientDisconnected) -> Response:
+        logger.info("client disconnected before the response started; upstream cancelled")
+        return Response(status_code=499)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, exc: RecursionError) -> Response:
+        return json_response(error_body("invalid_request_error",
+                                        "request body is nested too deeply"), 400)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:

@@ -137,6 +137,7 @@ class Settings(BaseSettings):
 
     request_timeout: float = Field(default=600.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
+    total_timeout: float = Field(default=1800.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
     retry_base_delay: float = Field(default=0.5, ge=0)
     retry_max_delay: float = Field(default=8.0, ge=0)

@@ -24,7 +24,7 @@ from claude_proxy.conversion.response_converter import (
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import ThinkingSigner
-from claude_proxy.errors import ProxyError
+from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 
@@ -67,6 +67,20 @@ class MessagesService:
 
     async def _call(self, body: dict[str, Any],
                     send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
+        """Send, rewording a context overflow the way Claude Code understands."""
+        try:
+            return await self._send_with_fallback(body, send)
+        except ProxyError as error:
+            overflow = context_overflow(error, estimate_request_tokens(body))
+            if overflow is None:
+                raise
+            logger.info("upstream context overflow (%s) reworded as %r", error.message,
+                        overflow.message)
+            raise overflow from None
+
+    async def _send_with_fallback(
+            self, body: dict[str, Any],
+            send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
         """Send; if the upstream refuses a reasoning field we added, remember that for the
         model and send once more without reasoning fields."""
         upstream = self.convert(body)

@@ -9,9 +9,10 @@ back once its first chunk has arrived, so an error announced in that chunk still
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -25,6 +26,7 @@ from claude_proxy.retry import RetryPolicy
 logger = logging.getLogger("claude_proxy.upstream")
 
 Chunk = dict[str, Any]
+T = TypeVar("T")
 
 
 class UpstreamStream:
@@ -68,6 +70,7 @@ class OpenAIClient:
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
+        self._secrets = settings.secrets()
 
     @staticmethod
     def _auth_headers(settings: Settings) -> dict[str, str]:
@@ -88,31 +91,32 @@ class OpenAIClient:
 
     async def complete(self, body: dict[str, Any]) -> Chunk:
         """A non-streaming completion as the upstream's JSON body."""
-        response = await self._send(body, accept="application/json")
-        try:
-            content = await response.aread()
-        except httpx.HTTPError as exc:
-            raise _transport_error(exc) from exc
-        finally:
-            await response.aclose()
-        return _parse_json_body(content)
+        async def attempt() -> Chunk:
+            response = await self._send(body, accept="application/json")
+            try:
+                content = await response.aread()
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc) from exc
+            finally:
+                await response.aclose()
+            return _parse_json_body(content)
+
+        return await self._with_retries(attempt)
 
     async def open_stream(self, body: dict[str, Any]) -> UpstreamStream:
         """A streaming completion, opened and read up to its first chunk."""
-        attempt = 0
-        while True:
+        async def attempt() -> UpstreamStream:
             response = await self._send(body, accept="text/event-stream")
             stream = self._wrap(response)
             try:
                 await stream.prefetch()
-            except ProxyError as error:
+            except BaseException:
+                # Failed, or the client went away (cancelled): never leave it open.
                 await stream.aclose()
-                if not self._policy.should_retry(attempt, error.status):
-                    raise
-                await asyncio.sleep(self._policy.delay(attempt))
-                attempt += 1
-                continue
+                raise
             return stream
+
+        return await self._with_retries(attempt)
 
     async def open_buffered_stream(self, body: dict[str, Any]) -> UpstreamStream:
         """A non-streaming completion, replayed as chunks (for models that stream badly)."""
@@ -126,32 +130,40 @@ class OpenAIClient:
         # The upstream ignored `stream` and answered with one JSON body.
         return UpstreamStream(response, _buffered_chunks(response))
 
-    async def _send(self, body: dict[str, Any], *, accept: str) -> httpx.Response:
-        """POST with retries before the first byte; a non-2xx answer raises ProxyError."""
-        content = orjson.dumps(body)
-        headers = {**self._headers, "accept": accept}
-        attempt = 0
-        while True:
+    async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` until it succeeds or the policy gives up; nothing has reached the
+        client yet, so every retryable failure (connection, 429, 5xx) may be tried again."""
+        for number in itertools.count():
             try:
-                request = self._client.build_request(
-                    "POST", self.url, content=content, headers=headers, params=self._params)
-                response = await self._client.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                if not self._policy.should_retry(attempt):
-                    raise _transport_error(exc) from exc
-                logger.warning("upstream %s, retrying (%d)", type(exc).__name__, attempt + 1)
-                await asyncio.sleep(self._policy.delay(attempt))
-                attempt += 1
-                continue
-            if response.status_code < 400:
-                return response
-            error = await _read_error(response)
-            if not self._policy.should_retry(attempt, response.status_code):
-                raise error
-            logger.warning("upstream answered %d, retrying (%d)", response.status_code,
-                           attempt + 1)
-            await asyncio.sleep(self._policy.delay(attempt, response.headers.get("retry-after")))
-            attempt += 1
+                return await attempt()
+            except ProxyError as error:
+                self._redact(error)
+                if not self._policy.should_retry(number, error.status):
+                    raise
+                delay = self._policy.delay(number, error.headers.get("retry-after"))
+                logger.warning("upstream failed (%d %s), retry %d in %.2fs", error.status,
+                               error.error_type, number + 1, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _redact(self, error: ProxyError) -> None:
+        """An upstream that echoes a key in its error message must not leak it to clients."""
+        for secret in self._secrets:
+            if secret in error.message:
+                error.message = error.message.replace(secret, "[REDACTED]")
+
+    async def _send(self, body: dict[str, Any], *, accept: str) -> httpx.Response:
+        """One POST; a non-2xx answer or a network failure raises ProxyError."""
+        headers = {**self._headers, "accept": accept}
+        request = self._client.build_request("POST", self.url, content=orjson.dumps(body),
+                                             headers=headers, params=self._params)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from exc
+        if response.status_code < 400:
+            return response
+        raise await _read_error(response)
 
     @staticmethod
     def _generate_buffered_stream_chunks(response: Chunk) -> Iterator[Chunk]:

@@ -1,0 +1,104 @@
+"""The lifetime of one response: its deadline, the client going away, and the SSE relay.
+
+Before the first byte, upstream work runs as a task raced against the client's disconnect
+and the TOTAL_TIMEOUT deadline, so a client that leaves cancels the upstream request at once.
+After it, the relay turns chunks into events until the end, a failure (every open block closed,
+then one `event: error`), or the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from starlette.requests import Request
+
+from claude_proxy.conversion.response_converter import StreamConverter
+from claude_proxy.errors import ProxyError
+from claude_proxy.sse import encode_events
+from claude_proxy.upstream import UpstreamStream
+
+logger = logging.getLogger("claude_proxy.lifecycle")
+sse_logger = logging.getLogger("claude_proxy.sse")
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response started."""
+
+
+def deadline_error() -> ProxyError:
+    return ProxyError(504, "the upstream did not finish within TOTAL_TIMEOUT",
+                      error_type="timeout_error")
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def before_first_byte(request: Request, work: Awaitable[T], deadline: float) -> T:
+    """`work`'s result, unless the client leaves first (ClientDisconnected) or the deadline
+    passes (504); either way the work is cancelled and has finished cleaning up on return."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        async with asyncio.timeout_at(deadline):
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except TimeoutError:
+        pass
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.done() and not task.cancelled():
+        return task.result()
+    if watcher.done() and not watcher.cancelled():
+        raise ClientDisconnected
+    raise deadline_error()
+
+
+def transient(error: ProxyError) -> ProxyError:
+    """After the first byte there is no status: server-side failures become
+    `overloaded_error`, the type Claude Code retries."""
+    if error.status >= 500 or error.error_type == "timeout_error":
+        return ProxyError(error.status, error.message, error_type="overloaded_error")
+    return error
+
+
+async def relay_events(converter: StreamConverter, stream: UpstreamStream,
+                       deadline: float) -> AsyncIterator[bytes]:
+    """Upstream chunks through the converter to SSE bytes, ending in message_stop or in one
+    `event: error`. A cancelled relay (the client left) closes the upstream response."""
+    chunks = aiter(stream)
+    try:
+        yield _frame(converter.start())
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise deadline_error() from None
+            events = converter.feed(chunk)
+            if events:
+                yield _frame(events)
+        yield _frame(converter.finish())
+    except ProxyError as error:
+        logger.warning("upstream stream failed after the first byte: %s", error.message)
+        yield _frame(converter.fail(transient(error)))
+    finally:
+        await stream.aclose()
+
+
+def _frame(events: list[dict[str, Any]]) -> bytes:
+    if sse_logger.isEnabledFor(logging.DEBUG):
+        for event in events:
+            sse_logger.debug("SSE outbound: %s", orjson.dumps(event).decode())
+    return encode_events(events)
