@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from claude_proxy.app import create_app
 from claude_proxy.config import Settings
+from claude_proxy.logs import LOG_FORMAT, RedactingFilter
 from tests.scripted_upstream import ScriptedUpstream, bind_loopback, serve_in_thread, stop_server
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
@@ -25,6 +30,52 @@ class ProxyServer:
     url: str
     settings: Settings
     server: uvicorn.Server
+    app: FastAPI
+    thread: threading.Thread
+
+
+class SuiteRecord:
+    """Every byte the proxies answered during the suite, and the suite's log file: the
+    secrets test reads both at the end (tests/test_zz_no_secrets.py)."""
+
+    responses: ClassVar[list[bytes]] = []
+    log_file: ClassVar[Path | None] = None
+
+
+class RecordingApp:
+    """ASGI wrapper that keeps a copy of every response's headers and body."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def recording_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                SuiteRecord.responses.append(b"\n".join(
+                    name + b": " + value for name, value in message.get("headers", [])))
+            elif message["type"] == "http.response.body":
+                SuiteRecord.responses.append(bytes(message.get("body", b"")))
+            await send(message)
+
+        await self.app(scope, receive, recording_send)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The whole suite logs at DEBUG into one file, through the production redaction filter."""
+    path = tmp_path_factory.mktemp("suite-log") / "claude-proxy.log"
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RedactingFilter([UPSTREAM_KEY, CLIENT_KEY]))
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    SuiteRecord.log_file = path
+    yield path
+    root.removeHandler(handler)
+    root.setLevel(previous)
+    handler.close()
 
 
 @pytest.fixture(scope="session")
@@ -67,20 +118,31 @@ def proxy_factory(
     def start(**overrides: Any) -> ProxyServer:
         settings = proxy_settings(upstream, log_file, **overrides)
         sock = bind_loopback()
-        server, thread = serve_in_thread(create_app(settings), sock)
-        proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server)
-        proxy.thread = thread  # type: ignore[attr-defined]
+        app = create_app(settings)
+        server, thread = serve_in_thread(RecordingApp(app), sock)
+        proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server,
+                            app, thread)
         started.append(proxy)
         return proxy
 
     yield start
     for proxy in started:
-        stop_server(proxy.server, proxy.thread)  # type: ignore[attr-defined]
+        stop_server(proxy.server, proxy.thread)
 
 
 @pytest.fixture(scope="session")
 def proxy(proxy_factory: Callable[..., ProxyServer]) -> ProxyServer:
     return proxy_factory()
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+    """Wait (bounded) for a condition another thread brings about, e.g. a pool settling."""
+    give_up = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def load_fixture(name: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Run alone (for manual checks): `python tests/scripted_upstream.py --port 9000`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import socket
@@ -48,9 +49,17 @@ class Reply:
     cut_after: int | None = None
     done: bool = True
     raw_body: bytes | None = None
+    raw_pieces: list[bytes] | None = None
+    """Sent exactly as given, one write each (split UTF-8, odd SSE framing)."""
+    stall_at: int | None = None
+    """Stop after this many pieces and wait until the connection is closed."""
+    keepalive_forever: bool = False
+    """After the events, send an SSE comment every 50 ms until the connection is closed."""
 
     def render_events(self) -> list[bytes]:
         """The SSE byte pieces: comments placed before the N-th data event, then [DONE]."""
+        if self.raw_pieces is not None:
+            return list(self.raw_pieces)
         pieces: list[bytes] = []
         events = list(self.events or [])
         for position, payload in enumerate(events):
@@ -58,7 +67,7 @@ class Reply:
             data = payload if isinstance(payload, str) else json.dumps(payload)
             pieces.append(f"data: {data}\n\n".encode())
         pieces.extend(f"{text}\n\n".encode() for at, text in self.comments if at >= len(events))
-        if self.done and not (events and events[-1] == "[DONE]"):
+        if self.done and not self.keepalive_forever and not (events and events[-1] == "[DONE]"):
             pieces.append(b"data: [DONE]\n\n")
         return pieces
 
@@ -146,6 +155,7 @@ class ScriptedUpstream:
         self.responder: Callable[[dict[str, Any]], Reply | None] | None = None
         self.open_streams = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition()
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._handle, methods=["POST"]),
             Route("/openai/deployments/{name}/chat/completions", self._handle,
@@ -188,7 +198,12 @@ class ScriptedUpstream:
             self.requests.append(body)
             self.headers.append(dict(request.headers))
             reply = self._next_reply(body)
-        if reply.events is None:
+        if reply.events is None and reply.raw_pieces is None and reply.stall_at is not None:
+            # A JSON answer that never comes (until the caller goes away).
+            stalled = Reply(raw_pieces=[], stall_at=0)
+            return StreamingResponse(self._stream(stalled), status_code=reply.status,
+                                     media_type=reply.content_type or "application/json")
+        if reply.events is None and reply.raw_pieces is None:
             content = reply.raw_body if reply.raw_body is not None else json.dumps(
                 reply.body).encode()
             return Response(content, status_code=reply.status, headers=reply.headers,
@@ -198,14 +213,30 @@ class ScriptedUpstream:
                                  media_type=reply.content_type or "text/event-stream")
 
     async def _stream(self, reply: Reply) -> AsyncIterator[bytes]:
-        self.open_streams += 1
+        with self._idle:
+            self.open_streams += 1
         try:
-            for sent, piece in enumerate(reply.render_events()):
+            pieces = reply.render_events()
+            for sent, piece in enumerate(pieces):
                 if reply.cut_after is not None and sent >= reply.cut_after:
                     raise CutStream("scripted mid-stream drop")
+                if reply.stall_at is not None and sent >= reply.stall_at:
+                    break
                 yield piece
+            if reply.stall_at is not None:
+                await asyncio.Event().wait()  # until the client goes away
+            while reply.keepalive_forever:
+                await asyncio.sleep(0.05)  # a slow upstream that is never idle
+                yield b": keep-alive\n\n"
         finally:
-            self.open_streams -= 1
+            with self._idle:
+                self.open_streams -= 1
+                self._idle.notify_all()
+
+    def wait_until_idle(self, timeout: float = 30) -> bool:
+        """Block until no response is streaming (True), or give up after `timeout`."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.open_streams == 0, timeout)
 
     def start(self, port: int = 0) -> ScriptedUpstream:
         sock = bind_loopback(port)

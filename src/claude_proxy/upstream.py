@@ -87,6 +87,13 @@ class OpenAIClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def connection_counts(self) -> dict[str, int]:
+        """Open upstream connections, busy and idle (for tests and metrics)."""
+        pool = getattr(self._client._transport, "_pool", None)
+        connections = list(getattr(pool, "connections", []))
+        idle = sum(1 for connection in connections if connection.is_idle())
+        return {"active": len(connections) - idle, "idle": idle}
+
     # ------------------------------------------------------------ requests
 
     async def complete(self, body: dict[str, Any]) -> Chunk:
