@@ -127,6 +127,8 @@ def proxy_factory(
 
     yield start
     for proxy in started:
+        proxy.server.should_exit = True
+    for proxy in started:
         stop_server(proxy.server, proxy.thread)
 
 

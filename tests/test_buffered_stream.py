@@ -101,7 +101,7 @@ def test_upstream_that_ignores_stream_is_replayed(proxy_factory: Callable[..., P
 def test_buffered_upstream_error_keeps_its_status(proxy: ProxyServer,
                                                   upstream: ScriptedUpstream) -> None:
     upstream.queue(Reply(status=429, body={"error": {"message": "slow down"}},
-                         headers={"retry-after": "3"}),
+                         headers={"retry-after": "0"}),
                    Reply(status=429, body={"error": {"message": "slow down"}},
                          headers={"retry-after": "0"}),
                    Reply(status=429, body={"error": {"message": "slow down"}},
