@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ def proxy_process(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[tuple[
     for line in process.stdout:
         if "Application startup complete" in line:
             break
+    # Keep draining its output (one access line per request), or the pipe fills and blocks it.
+    threading.Thread(target=process.stdout.read, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{port}", process.pid
     finally:

@@ -22,10 +22,12 @@ from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from claude_proxy.access import AccessLogMiddleware
 from claude_proxy.config import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
+from claude_proxy.metrics import Metrics
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
@@ -93,10 +95,12 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     secret = settings.thinking_signature_secret
     signer = ThinkingSigner(secret.get_secret_value() if secret else None)
 
+    metrics = Metrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = OpenAIClient(settings, transport=transport)
-        app.state.service = MessagesService(settings, client, signer)
+        client = OpenAIClient(settings, transport=transport, on_retry=metrics.count_retry)
+        app.state.service = MessagesService(settings, client, signer, metrics)
         try:
             yield
         finally:
@@ -104,6 +108,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    app.add_middleware(AccessLogMiddleware, metrics=metrics)
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -113,6 +118,10 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.content_type)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
@@ -131,7 +140,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         if body.get("stream"):
             converter, stream = await before_first_byte(request, service.open_stream(body),
                                                         deadline)
-            return EventSourceResponse(relay_events(converter, stream, deadline), sep="\n",
+            return EventSourceResponse(relay_events(converter, stream, deadline, metrics),
+                                       sep="\n",
                                        background=BackgroundTask(stream.aclose))
         return json_response(await before_first_byte(request, service.create(body), deadline))
 

@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 import orjson
 from starlette.requests import Request
 
+from claude_proxy.access import record_usage
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.errors import ProxyError
+from claude_proxy.metrics import Metrics
 from claude_proxy.sse import encode_events
 from claude_proxy.upstream import UpstreamStream
 
@@ -72,10 +74,11 @@ def transient(error: ProxyError) -> ProxyError:
 
 
 async def relay_events(converter: StreamConverter, stream: UpstreamStream,
-                       deadline: float) -> AsyncIterator[bytes]:
+                       deadline: float, metrics: Metrics) -> AsyncIterator[bytes]:
     """Upstream chunks through the converter to SSE bytes, ending in message_stop or in one
     `event: error`. A cancelled relay (the client left) closes the upstream response."""
     chunks = aiter(stream)
+    metrics.active_streams.inc()
     try:
         yield _frame(converter.start())
         while True:
@@ -92,8 +95,11 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         yield _frame(converter.finish())
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
+        metrics.count_upstream_error(transient(error).error_type)
         yield _frame(converter.fail(transient(error)))
     finally:
+        metrics.active_streams.dec()
+        record_usage(converter.usage(), converter.reasoning_tokens())
         await stream.aclose()
 
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from claude_proxy.access import current_record, record_usage
 from claude_proxy.capabilities import ReasoningRefusals, names_added_field
 from claude_proxy.config import Settings
 from claude_proxy.conversion.request_converter import (
@@ -25,6 +26,7 @@ from claude_proxy.conversion.response_converter import (
 )
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, context_overflow
+from claude_proxy.metrics import Metrics
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 
@@ -35,11 +37,12 @@ T = TypeVar("T")
 
 class MessagesService:
     def __init__(self, settings: Settings, client: OpenAIClient, signer: ThinkingSigner,
-                 refusals: ReasoningRefusals | None = None) -> None:
+                 metrics: Metrics) -> None:
         self.settings = settings
         self.client = client
         self.signer = signer
-        self.refusals = refusals or ReasoningRefusals()
+        self.metrics = metrics
+        self.refusals = ReasoningRefusals()
 
     def is_ours(self, block: dict[str, Any]) -> bool:
         """Our own thinking block: its signature verifies. A block with an empty signature
@@ -54,6 +57,9 @@ class MessagesService:
     def convert(self, body: dict[str, Any], *, without_reasoning: bool = False
                 ) -> UpstreamRequest:
         model = map_model(body["model"], self.settings)
+        record = current_record()
+        record.client_model, record.upstream_model = body["model"], model
+        record.stream = bool(body.get("stream"))
         refused = without_reasoning or self.refusals.refuses(model)
         upstream = convert_request(body, self.settings, is_ours=self.is_ours,
                                    without_reasoning=refused)
@@ -71,6 +77,7 @@ class MessagesService:
         try:
             return await self._send_with_fallback(body, send)
         except ProxyError as error:
+            self.metrics.count_upstream_error(error.error_type)
             overflow = context_overflow(error, estimate_request_tokens(body))
             if overflow is None:
                 raise
@@ -113,4 +120,7 @@ class MessagesService:
         upstream, completion = await self._call(
             body, lambda upstream: self.client.complete(upstream.body))
         chunks = self.client._generate_buffered_stream_chunks(completion)
-        return collect_message(convert_chunks(chunks, self.converter(body, upstream)))
+        converter = self.converter(body, upstream)
+        message = collect_message(convert_chunks(chunks, converter))
+        record_usage(message["usage"], converter.reasoning_tokens())
+        return message

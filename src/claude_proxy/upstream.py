@@ -59,8 +59,10 @@ class UpstreamStream:
 
 
 class OpenAIClient:
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
+                 on_retry: Callable[[], None] | None = None):
         self._settings = settings
+        self._on_retry = on_retry
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
                                    settings.retry_max_delay)
         timeout = httpx.Timeout(settings.request_timeout, connect=settings.connect_timeout)
@@ -150,6 +152,8 @@ class OpenAIClient:
                 delay = self._policy.delay(number, error.headers.get("retry-after"))
                 logger.warning("upstream failed (%d %s), retry %d in %.2fs", error.status,
                                error.error_type, number + 1, delay)
+                if self._on_retry is not None:
+                    self._on_retry()
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 

@@ -18,7 +18,12 @@ import orjson
 
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
 from claude_proxy.conversion.think_tags import Piece, ThinkTagSplitter
-from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, find_usage
+from claude_proxy.conversion.usage import (
+    anthropic_usage,
+    estimate_tokens,
+    find_usage,
+    reasoning_tokens,
+)
 from claude_proxy.errors import ProxyError, error_from_payload
 
 logger = logging.getLogger("claude_proxy.conversion")
@@ -289,6 +294,9 @@ class StreamConverter:
             return "tool_use"
         reason = STOP_REASONS.get(self._finish_reason or "stop", "end_turn")
         return "end_turn" if reason == "tool_use" else reason
+
+    def reasoning_tokens(self) -> int:
+        return reasoning_tokens(self._usage) if self._usage is not None else 0
 
     def usage(self) -> dict[str, int]:
         if self._usage is not None:

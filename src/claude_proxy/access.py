@@ -1,0 +1,116 @@
+"""One access-log line (and the metrics) per request, with a request id.
+
+The id is returned as the `request-id` header, as Anthropic does. The service fills in what
+only it knows (models, tokens) on the request's record, found through a context variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from claude_proxy.metrics import Metrics
+
+logger = logging.getLogger("claude_proxy.access")
+
+QUIET_PATHS = frozenset({"/", "/health", "/metrics"})
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    status: int = 0
+    stream: bool = False
+    client_model: str = "-"
+    upstream_model: str = "-"
+    first_byte: float | None = None
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    def line(self, finished: float) -> str:
+        ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
+        tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}"
+                          for kind in ("input", "output", "reasoning", "cached"))
+        return (f"request_id={self.request_id} {self.method} {self.path} "
+                f"model={self.client_model}->{self.upstream_model} status={self.status} "
+                f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
+                f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}")
+
+
+_current: ContextVar[RequestRecord | None] = ContextVar("claude_proxy_request", default=None)
+
+
+def current_record() -> RequestRecord:
+    """The record of the request being handled (a throwaway one outside a request)."""
+    return _current.get() or RequestRecord("req_none", "-", "-")
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+class AccessLogMiddleware:
+    """Pure ASGI, so streaming bodies pass straight through."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord(new_request_id(), scope["method"], scope["path"])
+        token = _current.set(record)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                MutableHeaders(scope=message).append("request-id", record.request_id)
+            elif record.first_byte is None and message.get("body"):
+                record.first_byte = time.perf_counter()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _current.reset(token)
+            self._finish(record)
+
+    def _finish(self, record: RequestRecord) -> None:
+        finished = time.perf_counter()
+        if record.path in QUIET_PATHS:
+            logger.debug(record.line(finished))
+            return
+        logger.info(record.line(finished))
+        self._observe(record, finished)
+
+    def _observe(self, record: RequestRecord, finished: float) -> None:
+        metrics = self.metrics
+        stream = str(record.stream).lower()
+        metrics.requests.labels(str(record.status), record.client_model).inc()
+        metrics.duration.labels(stream).observe(finished - record.started)
+        if record.first_byte is not None:
+            metrics.time_to_first_byte.labels(stream).observe(record.first_byte - record.started)
+        for kind, count in record.tokens.items():
+            if count:
+                metrics.tokens.labels(kind).inc(count)
+
+
+def record_usage(usage: dict[str, Any], reasoning: int) -> None:
+    """Anthropic usage of the finished response onto the current record."""
+    current_record().tokens = {
+        "input": int(usage.get("input_tokens", 0)),
+        "output": int(usage.get("output_tokens", 0)),
+        "reasoning": reasoning,
+        "cached": int(usage.get("cache_read_input_tokens", 0)),
+    }

@@ -1,0 +1,62 @@
+"""Prometheus metrics (`GET /metrics`), one registry per application.
+
+With several workers each process counts its own requests; set PROMETHEUS_MULTIPROC_DIR to
+have prometheus-client aggregate them (see its multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter("claude_proxy_requests_total", "Requests by status and model",
+                                ["status", "model"], registry=registry)
+        self.time_to_first_byte = Histogram(
+            "claude_proxy_time_to_first_byte_seconds", "Time to the first response byte",
+            ["stream"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.duration = Histogram("claude_proxy_request_duration_seconds",
+                                  "Whole request duration", ["stream"],
+                                  buckets=LATENCY_BUCKETS, registry=registry)
+        self.tokens = Counter("claude_proxy_tokens_total",
+                              "Tokens by kind (input, output, reasoning, cached)", ["kind"],
+                              registry=registry)
+        self.upstream_errors = Counter("claude_proxy_upstream_errors_total",
+                                       "Upstream failures by Anthropic error type", ["type"],
+                                       registry=registry)
+        self.retries = Counter("claude_proxy_upstream_retries_total",
+                               "Upstream attempts retried before the first byte",
+                               registry=registry)
+        self.active_streams = Gauge("claude_proxy_active_streams",
+                                    "Streaming responses in progress", registry=registry,
+                                    multiprocess_mode="livesum")
+
+    def count_retry(self) -> None:
+        self.retries.inc()
+
+    def count_upstream_error(self, error_type: str) -> None:
+        self.upstream_errors.labels(error_type).inc()
+
+    def exposition(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            combined = CollectorRegistry()
+            multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+            return generate_latest(combined)
+        return generate_latest(self.registry)

@@ -1,0 +1,46 @@
+"""The benchmark at 5% scale, as a subprocess: it must run end to end, cover every scenario
+with numbers, and see no failed request. Speed is not asserted here; that is the benchmark's
+own report (`make bench`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIOS = {
+    "nonstream_latency": ("p50_ms", "p99_ms"),
+    "first_token": ("ttfb_p50_ms", "ttft_p50_ms"),
+    "long_stream": ("chunks_per_s",),
+    "concurrent_streams": ("wall_s", "chunks_per_s"),
+    "idle_streams": ("rss_idle_mib", "rss_during_mib", "per_stream_kib", "cpu_pct_while_open"),
+    "peak_rss": ("idle_hwm_mib", "after_load_hwm_mib"),
+}
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "bench", "--scale", "0.05", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    document = json.loads(out.read_text())
+    scenarios = document["scenarios"]
+    for scenario, metrics in SCENARIOS.items():
+        for side in ("direct", "proxy"):
+            result = scenarios[scenario][side]
+            for metric in metrics:
+                assert is_number(result[metric]), (scenario, side, metric, result)
+            assert result.get("errors", 0) == 0, (scenario, side, result)
+    assert is_number(scenarios["nonstream_latency"]["added_p50_ms"])
+    assert {target["name"] for target in document["targets"]} >= {
+        "added median latency", "long stream rate vs direct", "concurrent wall time vs direct",
+        "peak RSS after load", "memory per open stream"}
+    assert all(is_number(spent["wall_s"]) for spent in document["cpu"].values())
