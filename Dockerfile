@@ -21,4 +21,5 @@ USER proxy
 EXPOSE 8082
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8082'), timeout=4)"
-CMD ["claude-proxy"]
+ENTRYPOINT ["claude-proxy"]
+CMD ["serve"]

@@ -8,7 +8,7 @@ CLAUDE_CODE_DIR := .cache/claude-code
 CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 export CLAUDE_BIN
 
-.PHONY: run test lint typecheck unit clean
+.PHONY: run test lint typecheck unit bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ typecheck: $(VENV)/.installed-test
 ## unit: the fast tests only (no Claude Code)
 unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not claude_code"
+
+## bench: the proxy vs a direct baseline (e.g. `make bench BENCH_ARGS="--compare-workers"`)
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

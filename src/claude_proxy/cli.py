@@ -1,12 +1,20 @@
-"""The `claude-proxy` command: load settings (optionally from an env file) and serve."""
+"""The `claude-proxy` command.
+
+    claude-proxy [serve] [--env-file PATH | --env NAME] [--host H] [--port P] [--workers N]
+    claude-proxy doctor  [--env-file PATH | --env NAME]
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
 import sys
+from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from claude_proxy import __version__
@@ -17,57 +25,107 @@ from claude_proxy.logs import configure_logging
 logger = logging.getLogger("claude_proxy")
 
 KEYLESS_PROVIDERS = frozenset({"ollama", "vllm"})
+ENV_FILE_VARIABLE = "CLAUDE_PROXY_ENV_FILE"
+
+
+class ConfigurationError(Exception):
+    """A problem that keeps the proxy from starting, worded for the person running it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="claude-proxy",
         description="Anthropic Messages API proxy for OpenAI-compatible upstreams.")
-    parser.add_argument("--env-file", metavar="PATH",
-                        help="read settings from this file (e.g. .env.kimi); "
-                             "environment variables still win")
+    parser.add_argument("command", nargs="?", choices=("serve", "doctor"), default="serve",
+                        help="serve (default) or doctor: check that Claude Code will work")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--env-file", metavar="PATH",
+                        help="read settings from this file; environment variables still win")
+    source.add_argument("--env", metavar="NAME", help="shorthand for --env-file .env.NAME")
     parser.add_argument("--host", help="listen address (HOST, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="listen port (PORT, default 8082)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (default 1); they share one port")
     parser.add_argument("--version", action="version", version=f"claude-proxy {__version__}")
     return parser
 
 
-def settings_problem(settings: Settings) -> str | None:
-    """What keeps these settings from serving, in words that name the variable."""
+def env_file_of(args: argparse.Namespace) -> Path | None:
+    if args.env:
+        return Path(f".env.{args.env}")
+    return Path(args.env_file) if args.env_file else None
+
+
+def read_settings(env_file: Path | None) -> Settings:
+    """Settings, or a ConfigurationError naming the variable that is wrong."""
+    try:
+        settings = load_settings(env_file)
+    except FileNotFoundError as exc:
+        raise ConfigurationError(str(exc)) from None
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+                 for err in exc.errors(include_url=False)]
+        raise ConfigurationError("invalid configuration:\n" + "\n".join(lines)) from None
     if (not settings.openai_api_key.get_secret_value()
             and settings.provider_name not in KEYLESS_PROVIDERS):
-        return ("OPENAI_API_KEY is not set: put the upstream API key in the environment or "
-                "in the file given with --env-file")
-    return None
+        raise ConfigurationError("OPENAI_API_KEY is not set: put the upstream API key in the "
+                                 "environment or in the file given with --env-file")
+    return settings
 
 
-def describe_validation(exc: ValidationError) -> str:
-    lines = [f"  {'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
-             for err in exc.errors(include_url=False)]
-    return "invalid configuration:\n" + "\n".join(lines)
+def startup_line(settings: Settings, host: str, port: int, workers: int) -> str:
+    """What is active, without any secret."""
+    reasoning = (f"dialect {settings.dialect} for "
+                 f"{','.join(settings.chat_prefixes + settings.model_prefixes) or 'no model'}, "
+                 f"passback {settings.passback}, with tools "
+                 f"{'on' if settings.reasoning_with_tools else 'off'}")
+    return (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
+            f"{'s' if workers > 1 else ''}) -> {settings.openai_base_url} "
+            f"(provider {settings.provider_name}); models opus={settings.model_for_tier('big')} "
+            f"sonnet={settings.model_for_tier('middle')} "
+            f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}; client key "
+            f"{'required' if settings.anthropic_api_key else 'not required'}")
+
+
+def worker_app() -> FastAPI:
+    """Application factory for `--workers`: each worker process reads the same settings."""
+    env_file = os.environ.get(ENV_FILE_VARIABLE)
+    settings = read_settings(Path(env_file) if env_file else None)
+    configure_logging(settings.log_level, settings.log_file, settings.secrets())
+    return create_app(settings)
+
+
+def serve(settings: Settings, env_file: Path | None, args: argparse.Namespace) -> int:
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    configure_logging(settings.log_level, settings.log_file, settings.secrets())
+    logger.info(startup_line(settings, host, port, args.workers))
+    options = {"host": host, "port": port, "log_config": None,
+               "log_level": settings.log_level.lower(), "access_log": False}
+    if args.workers <= 1:
+        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
+        return 0
+    if env_file is not None:
+        os.environ[ENV_FILE_VARIABLE] = str(env_file.resolve())
+    if settings.thinking_signature_secret is None:
+        # Workers must agree on the secret, or one could not verify another's thinking blocks.
+        os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
+    uvicorn.run("claude_proxy.cli:worker_app", factory=True, workers=args.workers,
+                **options)  # type: ignore[arg-type]
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    env_file = env_file_of(args)
     try:
-        settings = load_settings(args.env_file)
-    except FileNotFoundError as exc:
+        settings = read_settings(env_file)
+        if args.workers < 1:
+            raise ConfigurationError("--workers must be 1 or more")
+    except ConfigurationError as exc:
         print(f"claude-proxy: {exc}", file=sys.stderr)
         return 2
-    except ValidationError as exc:
-        print(f"claude-proxy: {describe_validation(exc)}", file=sys.stderr)
-        return 2
-    problem = settings_problem(settings)
-    if problem:
-        print(f"claude-proxy: {problem}", file=sys.stderr)
-        return 2
-    host = args.host or settings.host
-    port = args.port if args.port is not None else settings.port
-    configure_logging(settings.log_level, settings.log_file, settings.secrets())
-    logger.info("claude-proxy %s on %s:%d → %s (provider %s; models %s / %s / %s)",
-                __version__, host, port, settings.openai_base_url, settings.provider_name,
-                settings.model_for_tier("big"), settings.model_for_tier("middle"),
-                settings.model_for_tier("small"))
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None,
-                log_level=settings.log_level.lower(), access_log=False)
-    return 0
+    if args.command == "doctor":
+        from claude_proxy.doctor import run_doctor
+        return run_doctor(settings)
+    return serve(settings, env_file, args)

@@ -6,11 +6,14 @@ working. Provider profiles supply defaults (models, output limits) that a variab
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -156,6 +159,11 @@ class Settings(BaseSettings):
     thinking_signature_secret: SecretStr | None = None
     buffer_stream_model_prefixes: PrefixList = None
 
+    tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
+    tool_group_patterns: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUP))
+
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "buffer_stream_model_prefixes", mode="before")
     @classmethod
@@ -286,6 +294,20 @@ def matches_prefix(model: str, prefixes: tuple[str, ...]) -> bool:
         prefix.lower()) for prefix in prefixes)
 
 
+TOOL_GROUPS_DISABLED = "TOOL_GROUPS_DISABLED_"
+TOOL_GROUP = "TOOL_GROUP_"
+
+
+def scan_prefixed(values: Mapping[str, str | None], prefix: str) -> dict[str, tuple[str, ...]]:
+    """`PREFIX<NAME>=a,b` entries as {NAME: (a, b)} (variable names chosen by the user)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for key, value in values.items():
+        if key.upper().startswith(prefix) and len(key) > len(prefix) and value is not None:
+            found[key[len(prefix):].upper()] = tuple(
+                item.strip() for item in value.split(",") if item.strip())
+    return found
+
+
 def load_settings(env_file: str | Path | None = None) -> Settings:
     """Build Settings from the environment, plus `env_file` when given (it must exist)."""
     if env_file is None:
@@ -293,4 +315,10 @@ def load_settings(env_file: str | Path | None = None) -> Settings:
     path = Path(env_file)
     if not path.is_file():
         raise FileNotFoundError(f"env file not found: {path}")
-    return Settings(_env_file=path)
+    from_file = dotenv_values(path)
+
+    def merged(prefix: str) -> dict[str, tuple[str, ...]]:
+        return {**scan_prefixed(from_file, prefix), **scan_prefixed(os.environ, prefix)}
+
+    return Settings(_env_file=path, tool_groups_disabled=merged(TOOL_GROUPS_DISABLED),
+                    tool_group_patterns=merged(TOOL_GROUP))

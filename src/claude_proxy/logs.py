@@ -12,12 +12,13 @@ _HEADER_SECRET = re.compile(
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 _KEY_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_-]{6})[A-Za-z0-9_-]+")
 REDACTED = "[REDACTED]"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MIN_SECRET_LENGTH = 8  # shorter values (test keys like "k") would shred every log line
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 
 def redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
-        if secret:
+        if len(secret) >= MIN_SECRET_LENGTH:
             text = text.replace(secret, REDACTED)
     text = _HEADER_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)

@@ -21,6 +21,7 @@ from httpx_sse import EventSource
 from claude_proxy.config import Settings
 from claude_proxy.conversion.response_converter import _merge_reasoning_fields
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
+from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.retry import RetryPolicy
 
 logger = logging.getLogger("claude_proxy.upstream")
@@ -160,7 +161,7 @@ class OpenAIClient:
     def _redact(self, error: ProxyError) -> None:
         """An upstream that echoes a key in its error message must not leak it to clients."""
         for secret in self._secrets:
-            if secret in error.message:
+            if len(secret) >= MIN_SECRET_LENGTH and secret in error.message:
                 error.message = error.message.replace(secret, "[REDACTED]")
 
     async def _send(self, body: dict[str, Any], *, accept: str) -> httpx.Response:

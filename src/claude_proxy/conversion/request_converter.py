@@ -20,6 +20,11 @@ from claude_proxy.conversion.reasoning import (
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.tool_groups import (
+    disabled_groups,
+    groups_with_extensions,
+    remove_tool_groups,
+)
 from claude_proxy.conversion.tools import (
     convert_tool_choice,
     convert_tools,
@@ -113,7 +118,7 @@ def convert_request(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     _copy_sampling(request, body)
-    _add_tools(request, body)
+    _add_tools(request, body, settings)
     result = UpstreamRequest(body, buffered=buffered)
     if without_reasoning:
         result.thinking = effective_reasoning(request, settings, "tools" in body).level is not None
@@ -160,6 +165,22 @@ def apply_reasoning_parameters(
     return extras, on
 
 
+def _without_disabled_groups(tools: list[dict[str, Any]], model: str,
+                             settings: Settings) -> list[dict[str, Any]]:
+    if not tools or not settings.tool_groups_disabled:
+        return tools
+    match = disabled_groups(settings.tool_groups_disabled, settings.provider_name, model)
+    if match is None:
+        return tools
+    suffix, groups = match
+    patterns = groups_with_extensions(settings.tool_group_patterns)
+    kept, removed = remove_tool_groups(tools, groups, patterns)
+    if removed:
+        logger.info("TOOL_GROUPS_DISABLED_%s (%s) removed %d tools for %s: %s", suffix,
+                    ",".join(groups), len(removed), model, ", ".join(removed))
+    return kept
+
+
 def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
     for name in ("temperature", "top_p"):
         if request.get(name) is not None:
@@ -172,9 +193,10 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
         body["user"] = metadata["user_id"]
 
 
-def _add_tools(request: dict[str, Any], body: dict[str, Any]) -> None:
+def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: Settings) -> None:
     loaded = referenced_tool_names(request["messages"])
-    tools = convert_tools(request.get("tools"), loaded)
+    tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), body["model"],
+                                     settings)
     if not tools:
         return
     body["tools"] = tools

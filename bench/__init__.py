@@ -1,0 +1,1 @@
+"""Benchmark of claude-proxy against a direct OpenAI-format baseline (`make bench`)."""

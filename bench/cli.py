@@ -1,0 +1,255 @@
+"""`python -m bench`: start the fast upstream and the proxy, run every scenario against DIRECT
+and PROXY, print the comparison with the issue's targets, and write the results as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import report, scenarios
+from bench.client import direct_target, new_client, proxy_target, request_message, request_stream
+from bench.procs import (
+    ROOT,
+    Managed,
+    StartupError,
+    WorkersUnsupported,
+    raise_fd_limit,
+    start_proxy,
+    start_upstream,
+)
+from bench.profiling import Profiler
+from bench.scenarios import Bench
+from bench.upstream import install_fast_loop
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
+
+Scenario = Callable[[Bench], Awaitable[dict[str, Any]]]
+# Run order: the idle-streams memory scenario before the big concurrent one, so its
+# "RSS before" is not inflated by memory the concurrent run left behind.
+SCENARIOS: dict[str, Scenario] = {
+    "nonstream_latency": scenarios.nonstream_latency,
+    "first_token": scenarios.first_token,
+    "long_stream": scenarios.long_stream,
+    "idle_streams": scenarios.idle_streams,
+    "concurrent_streams": scenarios.concurrent_streams,
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every request/stream/chunk count (0.05 for a smoke run)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="run the proxy with N uvicorn workers (passed only when N > 1)")
+    parser.add_argument("--compare-workers", action="store_true",
+                        help="also run the concurrent scenario on a 1- and a 2-worker proxy")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH",
+                        help=f"where to write the results (default {DEFAULT_JSON})")
+    parser.add_argument("--only", default="", metavar="NAMES",
+                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="record the proxy with py-spy during each PROXY phase; "
+                             "flame graphs and a hotspot list go to DIR")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when a target is missed (errors always exit 1)")
+    return parser
+
+
+def chosen(only: str) -> list[str]:
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}; "
+                         f"choose from {', '.join(SCENARIOS)}")
+    return [name for name in SCENARIOS if not names or name in names]
+
+
+# ---------------------------------------------------------------- runs
+
+
+async def warm_up(bench: Bench) -> None:
+    """One request of each kind per side, so lazy imports and first connections are done
+    before anything is measured (and before the 'idle' memory reading)."""
+    async with new_client() as client:
+        for target in bench.targets():
+            await request_message(client, target, 8)
+            await request_stream(client, target, 8)
+
+
+def peak(bench: Bench) -> dict[str, float]:
+    """Peak RSS so far of the server on each side (the upstream stands in for DIRECT)."""
+    return {target.name: bench.server_for(target).usage().hwm_mib
+            for target in bench.targets()}
+
+
+async def run_scenarios(bench: Bench, names: list[str],
+                        profiler: Profiler | None) -> dict[str, Any]:
+    await warm_up(bench)
+    idle = peak(bench)
+    results: dict[str, Any] = {}
+    for name in names:
+        log(f"[{name}]")
+        results[name] = await SCENARIOS[name](bench)
+    after = peak(bench)
+    results["peak_rss"] = {
+        side: {"idle_hwm_mib": round(idle[side], 2), "after_load_hwm_mib": round(after[side], 2),
+               "after_load_rss_mib": round(bench.server_for(target).usage().rss_mib, 2)}
+        for side, target in zip(idle, bench.targets(), strict=True)}
+    return results
+
+
+def open_proxy(workdir: Path, upstream_url: str, workers: int,
+               meta: dict[str, Any]) -> Managed:
+    """The proxy with `workers` workers, or with one if its CLI has no --workers yet."""
+    try:
+        proxy = start_proxy(workdir, upstream_url, workers)
+        meta["workers"] = workers
+    except WorkersUnsupported:
+        log(f"warning: the proxy does not support --workers; running 1 worker, not {workers}")
+        proxy = start_proxy(workdir, upstream_url, 1)
+        meta["workers"] = 1
+        meta["workers_note"] = "--workers rejected by the proxy CLI"
+    return proxy
+
+
+def make_bench(proxy: Managed, upstream: Managed, scale: float,
+               profiler: Profiler | None = None) -> Bench:
+    return Bench(direct_target(upstream.url), proxy_target(proxy.url), upstream, proxy,
+                 scale=scale, log=log, recorder=profiler.record if profiler else None)
+
+
+async def compare_workers(workdir: Path, upstream: Managed, scale: float,
+                          cpu: dict[str, Any]) -> dict[str, Any]:
+    """Scenario 4 against a 1-worker and a 2-worker proxy (DIRECT once, for the ratio);
+    the CPU accounting of those runs is added to `cpu`."""
+    compared: dict[str, Any] = {}
+    for workers in (1, 2):
+        try:
+            proxy = start_proxy(workdir, upstream.url, workers)
+        except WorkersUnsupported:
+            log("warning: the proxy does not support --workers; 2-worker run skipped")
+            compared["note"] = "--workers rejected by the proxy CLI"
+            break
+        with proxy:
+            bench = make_bench(proxy, upstream, scale)
+            sides = (bench.direct, bench.proxy) if workers == 1 else (bench.proxy,)
+            run = await scenarios.concurrent_streams(bench, only=sides, key=f"workers_{workers}")
+        if "direct" in run:
+            compared["direct"] = run["direct"]
+        label = f"{workers} worker{'s' if workers > 1 else ''}"
+        compared[label] = {**run["proxy"], "vs_direct": round(
+            report.ratio(run["proxy"]["wall_s"], compared["direct"]["wall_s"]), 3)}
+        cpu.update(bench.cpu)
+    return compared
+
+
+# ---------------------------------------------------------------- output
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                             capture_output=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, text=True,
+                           capture_output=True, timeout=5).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def count_errors(results: dict[str, Any]) -> int:
+    """Every `errors` count anywhere in the results."""
+    total = 0
+    for key, value in results.items():
+        if isinstance(value, dict):
+            total += count_errors(value)
+        elif key == "errors" and isinstance(value, int):
+            total += value
+    return total
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def print_report(document: dict[str, Any], checked: list[report.Target]) -> None:
+    meta = document["meta"]
+    print(f"\nclaude-proxy benchmark — scale {meta['scale']}, {meta['workers']} worker(s), "
+          f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}")
+    print(report.table(document["scenarios"], checked))
+    if "workers" in document:
+        print()
+        print(report.workers_table(document["workers"]))
+    print()
+    print(report.cpu_table(document["cpu"]))
+    print()
+    print(report.summary(checked))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = chosen(args.only)
+    install_fast_loop()
+    started = time.time()
+    meta: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "scale": args.scale, "workers_requested": args.workers, "cpus": os.cpu_count(),
+        "python": platform.python_version(), "commit": git_commit(),
+        "fd_limit": raise_fd_limit(8 * max(1000, round(1000 * args.scale)) + 1000)}
+    profiler = Profiler(args.profile, log) if args.profile else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="claude-proxy-bench-") as tmp:
+            document = run(Path(tmp), args, names, meta, profiler)
+    except StartupError as exc:
+        log(f"bench: {exc}")
+        return 2
+    meta["duration_s"] = round(time.time() - started, 1)
+    checked = report.targets(document["scenarios"])
+    document["targets"] = [target.as_json() for target in checked]
+    write_json(args.json, document)
+    print_report(document, checked)
+    if profiler is not None:
+        print()
+        print(profiler.summary())
+    print(f"\nresults written to {args.json}")
+    errors = count_errors(document["scenarios"]) + count_errors(document.get("workers", {}))
+    if errors:
+        log(f"bench: {errors} request(s) failed")
+        return 1
+    return 1 if args.strict and not all(target.passed for target in checked) else 0
+
+
+def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[str, Any],
+        profiler: Profiler | None) -> dict[str, Any]:
+    upstream = start_upstream(workdir)
+    with upstream:
+        proxy = open_proxy(workdir, upstream.url, args.workers, meta)
+        log(f"upstream pid {upstream.pid} at {upstream.url}; proxy pid {proxy.pid} at "
+            f"{proxy.url} ({meta['workers']} worker(s))")
+        with proxy:
+            if profiler is not None:
+                profiler.attach_to(proxy.pid)
+            bench = make_bench(proxy, upstream, args.scale, profiler)
+            results = asyncio.run(run_scenarios(bench, names, profiler))
+        document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
+        if args.compare_workers:
+            log("[compare workers]")
+            document["workers"] = asyncio.run(
+                compare_workers(workdir, upstream, args.scale, document["cpu"]))
+    return document

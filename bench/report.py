@@ -1,0 +1,188 @@
+"""Turning scenario results into the targets check, the printed tables and the JSON file."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+Results = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal from the issue: `value` must be at most (or at least) `limit`."""
+
+    name: str
+    value: float
+    limit: float
+    at_most: bool = True
+    unit: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if math.isnan(self.value):
+            return False
+        return self.value <= self.limit if self.at_most else self.value >= self.limit
+
+    def describe(self) -> str:
+        if self.at_most and self.limit == 0:
+            return "= 0"
+        return f"{'≤' if self.at_most else '≥'} {self.limit:g}{self.unit}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "limit": self.limit,
+                "at_most": self.at_most, "unit": self.unit, "pass": self.passed}
+
+
+def get(results: Results, *path: str) -> float:
+    """A number deep in the results, NaN if that scenario did not run."""
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return math.nan
+        node = node[key]
+    return float(node) if isinstance(node, int | float) else math.nan
+
+
+def ratio(proxy: float, direct: float) -> float:
+    if math.isnan(proxy) or math.isnan(direct) or direct == 0:
+        return math.nan
+    return proxy / direct
+
+
+def targets(results: Results) -> list[Target]:
+    """The issue's targets, evaluated on whichever scenarios ran."""
+    found = []
+    if "nonstream_latency" in results:
+        found += [Target("added median latency", get(results, "nonstream_latency",
+                                                     "added_p50_ms"), 1.0, unit=" ms"),
+                  Target("added p99 latency", get(results, "nonstream_latency", "added_p99_ms"),
+                         3.0, unit=" ms")]
+    if "long_stream" in results:
+        found.append(Target("long stream rate vs direct", ratio(
+            get(results, "long_stream", "proxy", "chunks_per_s"),
+            get(results, "long_stream", "direct", "chunks_per_s")), 0.25, at_most=False,
+            unit="x"))
+    if "concurrent_streams" in results:
+        found += [Target("concurrent wall time vs direct", ratio(
+            get(results, "concurrent_streams", "proxy", "wall_s"),
+            get(results, "concurrent_streams", "direct", "wall_s")), 2.5, unit="x"),
+                  Target("concurrent errors", get(results, "concurrent_streams", "proxy",
+                                                  "errors"), 0)]
+    if "peak_rss" in results:
+        found.append(Target("peak RSS after load", get(results, "peak_rss", "proxy",
+                                                       "after_load_hwm_mib"), 120, unit=" MiB"))
+    if "idle_streams" in results:
+        found.append(Target("memory per open stream", get(results, "idle_streams", "proxy",
+                                                          "per_stream_kib"), 50, unit=" KiB"))
+    return found
+
+
+# ---------------------------------------------------------------- table
+
+# (scenario, metric key, label); DIRECT and PROXY values come from results[scenario][side].
+ROWS: list[tuple[str, str, str]] = [
+    ("nonstream_latency", "p50_ms", "1. non-stream latency p50 (ms)"),
+    ("nonstream_latency", "p99_ms", "1. non-stream latency p99 (ms)"),
+    ("first_token", "ttfb_p50_ms", "2. stream first byte p50 (ms)"),
+    ("first_token", "ttft_p50_ms", "2. stream first token p50 (ms)"),
+    ("first_token", "ttft_p99_ms", "2. stream first token p99 (ms)"),
+    ("long_stream", "chunks_per_s", "3. long stream (chunks/s)"),
+    ("concurrent_streams", "wall_s", "4. concurrent streams wall (s)"),
+    ("concurrent_streams", "chunks_per_s", "4. concurrent chunks/s"),
+    ("concurrent_streams", "stream_p99_ms", "4. concurrent stream p99 (ms)"),
+    ("concurrent_streams", "errors", "4. concurrent errors"),
+    ("idle_streams", "open_all_s", "5. idle: time to open all (s)"),
+    ("idle_streams", "rss_idle_mib", "5. idle: server RSS before (MiB)"),
+    ("idle_streams", "rss_during_mib", "5. idle: server RSS open (MiB)"),
+    ("idle_streams", "per_stream_kib", "5. idle: KiB per open stream"),
+    ("idle_streams", "cpu_pct_while_open", "5. idle: server CPU % open"),
+    ("idle_streams", "errors", "5. idle errors"),
+    ("peak_rss", "idle_hwm_mib", "6. server peak RSS idle (MiB)"),
+    ("peak_rss", "after_load_hwm_mib", "6. server peak RSS after (MiB)"),
+]
+
+# Derived rows: (label, scenario, key) with only a PROXY value and a target.
+ADDED_ROWS = [("1. added latency p50 (ms)", "added_p50_ms"),
+              ("1. added latency p99 (ms)", "added_p99_ms")]
+
+
+def number(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if value == int(value) and abs(value) >= 100:
+        return f"{int(value):,}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def target_for(label: str, checked: list[Target]) -> str:
+    """The target text and verdict that belongs to a table row, if any."""
+    names = {"1. added latency p50": "added median latency",
+             "1. added latency p99": "added p99 latency",
+             "3. long stream": "long stream rate vs direct",
+             "4. concurrent streams wall": "concurrent wall time vs direct",
+             "4. concurrent errors": "concurrent errors",
+             "5. idle: KiB per open stream": "memory per open stream",
+             "6. server peak RSS after": "peak RSS after load"}
+    for prefix, name in names.items():
+        if label.startswith(prefix):
+            for target in checked:
+                if target.name == name:
+                    verdict = "PASS" if target.passed else "FAIL"
+                    return f"{target.describe()} {verdict}"
+    return ""
+
+
+def table(results: Results, checked: list[Target]) -> str:
+    header = f"{'metric':<36} {'DIRECT':>10} {'PROXY':>10} {'P/D':>7}  target"
+    lines = [header, "-" * (len(header) + 18)]
+    for scenario, key, label in ROWS:
+        if scenario not in results:
+            continue
+        direct, proxy = get(results, scenario, "direct", key), get(results, scenario, "proxy", key)
+        lines.append(f"{label:<36} {number(direct):>10} {number(proxy):>10} "
+                     f"{number(ratio(proxy, direct)):>7}  {target_for(label, checked)}")
+        if scenario == "nonstream_latency" and key == "p99_ms":
+            for added_label, added_key in ADDED_ROWS:
+                added = get(results, scenario, added_key)
+                lines.append(f"{added_label:<36} {'':>10} {number(added):>10} {'':>7}  "
+                             f"{target_for(added_label, checked)}")
+    return "\n".join(lines)
+
+
+def cpu_table(cpu: dict[str, dict[str, float]]) -> str:
+    """Per phase: wall time and how busy each process was (100% = one core)."""
+    header = (f"{'phase (CPU % of one core)':<34} {'wall s':>7} {'client':>7} {'upstream':>9} "
+              f"{'proxy':>7}")
+    lines = [header, "-" * len(header)]
+    for phase, spent in cpu.items():
+        lines.append(f"{phase:<34} {spent['wall_s']:>7.2f} {spent['client_busy_pct']:>6.0f}% "
+                     f"{spent['upstream_busy_pct']:>8.0f}% {spent['proxy_busy_pct']:>6.0f}%")
+    return "\n".join(lines)
+
+
+def workers_table(workers: dict[str, Any]) -> str:
+    """Scenario 4 on a 1- and a 2-worker proxy (and DIRECT), side by side."""
+    header = f"{'4. concurrent streams by workers':<36} {'wall s':>8} {'chunks/s':>9} {'errors':>7}"
+    lines = [f"{header} {'P/D':>6}", "-" * (len(header) + 7)]
+    for name, run in workers.items():
+        if not isinstance(run, dict):
+            lines.append(f"  note: {run}")
+            continue
+        lines.append(f"{name:<36} {number(float(run.get('wall_s', math.nan))):>8} "
+                     f"{number(float(run.get('chunks_per_s', math.nan))):>9} "
+                     f"{run.get('errors', 0):>7} "
+                     f"{number(float(run.get('vs_direct', math.nan))):>6}")
+    return "\n".join(lines)
+
+
+def summary(checked: list[Target]) -> str:
+    lines = ["targets:"]
+    for target in checked:
+        verdict = "PASS" if target.passed else "FAIL"
+        lines.append(f"  [{verdict}] {target.name}: {number(target.value)}{target.unit} "
+                     f"(target {target.describe()})")
+    return "\n".join(lines)

@@ -1,0 +1,308 @@
+"""The benchmark scenarios. Each runs once against DIRECT and once against PROXY (same client
+code, alternating) and returns plain numbers, with the CPU time every process spent on it so
+the report can show that neither the client nor the upstream was the bottleneck."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.client import StreamTiming, Target, lanes, new_client, request_message, request_stream
+from bench.procs import Managed, Usage
+
+Result = dict[str, Any]
+
+
+@dataclass
+class Bench:
+    """Everything a scenario needs: the targets, the processes to watch and the scale."""
+
+    direct: Target
+    proxy: Target
+    upstream: Managed
+    proxy_process: Managed
+    scale: float = 1.0
+    log: Callable[[str], None] = print
+    cpu: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recorder: Callable[[str], AbstractAsyncContextManager[None]] | None = None
+    """Wraps each PROXY phase (the profiler), when profiling."""
+
+    def count(self, full: int, minimum: int = 1) -> int:
+        """A count from the issue, scaled by --scale."""
+        return max(minimum, round(full * self.scale))
+
+    def targets(self) -> tuple[Target, Target]:
+        return self.direct, self.proxy
+
+    def server_for(self, target: Target) -> Managed:
+        """The process answering `target`: the upstream for DIRECT, the proxy for PROXY."""
+        return self.upstream if target is self.direct else self.proxy_process
+
+    def recording(self, key: str) -> AbstractAsyncContextManager[None]:
+        if self.recorder is None or not key.endswith(".proxy"):
+            return nullcontext()
+        return self.recorder(key)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (exact for the small samples used here)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@asynccontextmanager
+async def accounted(bench: Bench, key: str) -> AsyncIterator[None]:
+    """Record wall time and the CPU seconds of client, upstream and proxy for one phase."""
+    async with bench.recording(key):
+        started, client = time.perf_counter(), time.process_time()
+        upstream, proxy = bench.upstream.usage().cpu, bench.proxy_process.usage().cpu
+        try:
+            yield
+        finally:
+            record_cpu(bench, key, started, client, upstream, proxy)
+
+
+def record_cpu(bench: Bench, key: str, started: float, client: float, upstream: float,
+               proxy: float) -> None:
+    """What `accounted` measured: wall time, CPU seconds and busy % (100 = one core)."""
+    wall = time.perf_counter() - started
+    spent = {"wall_s": wall, "client_cpu_s": time.process_time() - client,
+             "upstream_cpu_s": bench.upstream.usage().cpu - upstream,
+             "proxy_cpu_s": bench.proxy_process.usage().cpu - proxy}
+    for name in ("client", "upstream", "proxy"):
+        spent[f"{name}_busy_pct"] = 100 * spent[f"{name}_cpu_s"] / wall if wall else 0.0
+    bench.cpu[key] = {name: round(value, 4) for name, value in spent.items()}
+
+
+async def gather_outcomes(jobs: list[Awaitable[Any]]) -> tuple[list[Any], list[str]]:
+    """Results of the jobs that succeeded, and a message per failure."""
+    outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+    good = [o for o in outcomes if not isinstance(o, BaseException)]
+    bad = [f"{type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
+    return good, bad
+
+
+def with_errors(result: Result, errors: list[str]) -> Result:
+    result["errors"] = len(errors)
+    if errors:
+        result["first_error"] = errors[0][:300]
+    return result
+
+
+# ---------------------------------------------------------------- 1. non-streaming latency
+
+
+async def nonstream_latency(bench: Bench) -> Result:
+    """Sequential small non-streaming requests on one kept-alive connection."""
+    count, warmup = bench.count(300, 5), bench.count(30, 3)
+    result: Result = {"requests": count}
+    for target in bench.targets():
+        bench.log(f"  1. {count} sequential non-streaming requests ({target.name})")
+        async with new_client() as client:
+            for _ in range(warmup):
+                await request_message(client, target, 8)
+            latencies, errors = [], []
+            async with accounted(bench, f"nonstream_latency.{target.name}"):
+                for _ in range(count):
+                    try:
+                        latencies.append(await request_message(client, target, 8))
+                    except Exception as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+        result[target.name] = with_errors({
+            "p50_ms": ms(percentile(latencies, 0.50)), "p99_ms": ms(percentile(latencies, 0.99)),
+            "mean_ms": ms(statistics.fmean(latencies)) if latencies else math.nan}, errors)
+    for stat in ("p50", "p99"):
+        added = result["proxy"][f"{stat}_ms"] - result["direct"][f"{stat}_ms"]
+        result[f"added_{stat}_ms"] = round(added, 3)
+    return result
+
+
+# ---------------------------------------------------------------- 2. first byte / first token
+
+
+async def first_token(bench: Bench) -> Result:
+    """Sequential short streams: time to response headers and to the first text delta."""
+    count, chunks = bench.count(100, 5), 20
+    result: Result = {"streams": count, "chunks": chunks}
+    for target in bench.targets():
+        bench.log(f"  2. {count} sequential streams, time to first byte/token ({target.name})")
+        async with new_client() as client:
+            for _ in range(bench.count(10, 2)):
+                await request_stream(client, target, chunks)
+            ttfb, ttft, errors = [], [], []
+            async with accounted(bench, f"first_token.{target.name}"):
+                for _ in range(count):
+                    try:
+                        timing = await request_stream(client, target, chunks)
+                    except Exception as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                        continue
+                    ttfb.append(timing.ttfb)
+                    ttft.append(timing.ttft)
+        result[target.name] = with_errors({
+            "ttfb_p50_ms": ms(percentile(ttfb, 0.5)), "ttfb_p99_ms": ms(percentile(ttfb, 0.99)),
+            "ttft_p50_ms": ms(percentile(ttft, 0.5)), "ttft_p99_ms": ms(percentile(ttft, 0.99))},
+            errors)
+    return result
+
+
+# ---------------------------------------------------------------- 3. one long stream
+
+
+async def long_stream(bench: Bench) -> Result:
+    """One stream of many chunks, repeated a few times; the median rate is reported."""
+    chunks, repeats = bench.count(5000, 50), 3
+    result: Result = {"chunks": chunks, "repeats": repeats}
+    for target in bench.targets():
+        bench.log(f"  3. one stream of {chunks} chunks, x{repeats} ({target.name})")
+        async with new_client() as client:
+            await request_stream(client, target, max(10, chunks // 10))
+            rates, errors = [], []
+            async with accounted(bench, f"long_stream.{target.name}"):
+                for _ in range(repeats):
+                    try:
+                        timing = await request_stream(client, target, chunks)
+                    except Exception as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                        continue
+                    rates.append(chunks / timing.total)
+        result[target.name] = with_errors({
+            "chunks_per_s": round(statistics.median(rates), 1) if rates else math.nan,
+            "best_chunks_per_s": round(max(rates), 1) if rates else math.nan}, errors)
+    return result
+
+
+# ---------------------------------------------------------------- 4. concurrent streams
+
+
+async def concurrent_streams(bench: Bench, only: tuple[Target, ...] | None = None,
+                             key: str = "concurrent_streams") -> Result:
+    """Many streams at once; wall time from the first request to the last byte."""
+    streams, chunks = bench.count(200, 2), bench.count(200, 10)
+    result: Result = {"streams": streams, "chunks": chunks}
+    for target in only or bench.targets():
+        bench.log(f"  4. {streams} concurrent streams x {chunks} chunks ({target.name})")
+        async with lanes(streams) as clients:
+            # Open the connections first (client→server and proxy→upstream), so connection
+            # setup is the same for both sides and is not what is measured.
+            await gather_outcomes([request_stream(client, target, 1) for client in clients])
+            async with accounted(bench, f"{key}.{target.name}"):
+                started = time.perf_counter()
+                timings, errors = await gather_outcomes(
+                    [request_stream(client, target, chunks) for client in clients])
+                wall = time.perf_counter() - started
+        totals = [timing.total for timing in timings]
+        result[target.name] = with_errors({
+            "wall_s": round(wall, 4), "chunks_per_s": round(streams * chunks / wall, 1),
+            "stream_p50_ms": ms(percentile(totals, 0.5)),
+            "stream_p99_ms": ms(percentile(totals, 0.99))}, errors)
+    return result
+
+
+# ---------------------------------------------------------------- 5. idle-ish streams
+
+
+class OpenCounter:
+    """Counts streams that have shown their first text (or failed), to know when all are open."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.seen = 0
+        self.all_open = asyncio.Event()
+
+    def tick(self) -> None:
+        self.seen += 1
+        if self.seen >= self.expected:
+            self.all_open.set()
+
+
+async def idle_streams(bench: Bench) -> Result:
+    """Many open streams from a slow upstream (one chunk every 0.5–1 s): memory per open
+    stream and CPU of the server while they are all open. For DIRECT the server measured is
+    the upstream itself, a floor to compare with."""
+    streams = bench.count(1000, 10)
+    duration = max(2.5, 10.0 * min(1.0, bench.scale))
+    result: Result = {"streams": streams, "duration_s": duration}
+    for target in bench.targets():
+        bench.log(f"  5. {streams} concurrent idle-ish streams for ~{duration:.0f}s "
+                  f"({target.name})")
+        async with accounted(bench, f"idle_streams.{target.name}"):
+            result[target.name] = await idle_run(bench, target, streams, duration)
+    return result
+
+
+async def idle_run(bench: Bench, target: Target, streams: int, duration: float) -> Result:
+    server = bench.server_for(target)
+    idle = server.usage()
+    counter = OpenCounter(streams)
+    rng = random.Random(42)
+
+    async def one(client: httpx.AsyncClient) -> StreamTiming:
+        interval = rng.uniform(0.5, 1.0)
+        try:
+            return await request_stream(client, target, max(2, int(duration / interval)),
+                                        interval, on_first_text=counter.tick)
+        except BaseException:
+            counter.tick()
+            raise
+
+    async with lanes(streams) as clients:
+        started = time.perf_counter()
+        jobs = asyncio.gather(*(gather_outcomes([one(client)]) for client in clients))
+        samples = await sample_while_open(server, counter, started, duration)
+        outcomes = await jobs
+        wall = time.perf_counter() - started
+    errors = [error for _, bad in outcomes for error in bad]
+    during = max(sample.rss_mib for sample in samples) if samples else math.nan
+    return with_errors({
+        "open_all_s": round(samples[0].at - started, 3) if samples else math.nan,
+        "wall_s": round(wall, 3),
+        "rss_idle_mib": round(idle.rss_mib, 2), "rss_during_mib": round(during, 2),
+        "per_stream_kib": round((during - idle.rss_mib) * 1024 / streams, 2),
+        "cpu_pct_while_open": round(cpu_percent(samples), 2)}, errors)
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    rss_mib: float
+    cpu: float
+
+
+async def sample_while_open(server: Managed, counter: OpenCounter, started: float,
+                            duration: float) -> list[Sample]:
+    """Once every stream is open, sample the server's RSS and CPU until the first streams
+    start finishing (a little before `duration` after the start)."""
+    try:
+        await asyncio.wait_for(counter.all_open.wait(), timeout=duration + 60)
+    except TimeoutError:
+        return []
+    samples = []
+    while True:
+        usage: Usage = server.usage()
+        now = time.perf_counter()
+        samples.append(Sample(now, usage.rss_mib, usage.cpu))
+        if now - started > duration * 0.8 and len(samples) >= 2:
+            return samples
+        await asyncio.sleep(0.2)
+
+
+def cpu_percent(samples: list[Sample]) -> float:
+    if len(samples) < 2 or samples[-1].at <= samples[0].at:
+        return math.nan
+    return 100 * (samples[-1].cpu - samples[0].cpu) / (samples[-1].at - samples[0].at)

@@ -1,0 +1,155 @@
+"""`claude-proxy doctor`: will Claude Code work with this configuration?
+
+For each configured upstream model it sends a tiny request without reasoning (reachable, key
+accepted, model known), one with the configured reasoning fields (which field carries the
+reasoning text, if any), and one with a tool (Claude Code always sends tools). Requests go
+through the proxy's own conversion, so they are exactly what the proxy would send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from claude_proxy.config import Settings
+from claude_proxy.conversion.request_converter import convert_request
+from claude_proxy.errors import ProxyError
+from claude_proxy.upstream import OpenAIClient
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
+CLOCK_TOOL = {"name": "get_time", "description": "Current time in ISO format",
+              "input_schema": {"type": "object", "properties": {}}}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    required: bool = True
+
+    def line(self) -> str:
+        mark = "ok" if self.ok else ("FAIL" if self.required else "warn")
+        return f"    {self.name:<14} {mark:<5} {self.detail}".rstrip()
+
+
+@dataclass
+class ModelReport:
+    model: str
+    tiers: list[str]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok or not check.required for check in self.checks)
+
+
+def describe_failure(error: ProxyError) -> Check:
+    """The first check a failing basic request tells about."""
+    if error.status in (502, 504) and "upstream" in error.message:
+        return Check("reachable", False, error.message)
+    if error.status in (401, 403):
+        return Check("auth", False, f"{error.status}: {error.message}")
+    if error.status == 404 or (error.status == 400 and "model" in error.message.lower()):
+        return Check("model exists", False, f"{error.status}: {error.message}")
+    return Check("basic request", False, f"{error.status} {error.error_type}: {error.message}")
+
+
+def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": model, "max_tokens": 64,
+                               "messages": [{"role": "user", "content": "Reply with: ok"}]}
+    request.update(fields)
+    return request
+
+
+async def check_model(client: OpenAIClient, settings: Settings, model: str) -> list[Check]:
+    plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
+    try:
+        await client.complete(plain.body)
+    except ProxyError as error:
+        return [describe_failure(error)]
+    checks = [Check("reachable", True), Check("auth", True), Check("model exists", True)]
+    checks.append(await check_reasoning(client, settings, model))
+    checks.append(await check_tools(client, settings, model))
+    return checks
+
+
+async def check_reasoning(client: OpenAIClient, settings: Settings, model: str) -> Check:
+    request = anthropic_request(model, stream=True, thinking={"type": "adaptive"},
+                                messages=[{"role": "user", "content": "What is 17 * 23?"}],
+                                max_tokens=2048)
+    upstream = convert_request(request, settings)
+    sent = upstream.extras or "no reasoning fields for this model"
+    try:
+        stream = await client.open_stream(upstream.body)
+    except ProxyError as error:
+        return Check("reasoning", False, f"{sent} refused ({error.status}: {error.message}); "
+                     "the proxy will fall back to sending none", required=False)
+    found: dict[str, int] = {}
+    try:
+        async for chunk in stream:
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                for name in REASONING_FIELDS:
+                    if delta.get(name):
+                        found[name] = found.get(name, 0) + len(str(delta[name]))
+                if "<think>" in str(delta.get("content") or ""):
+                    found["<think> tags"] = 1
+    except ProxyError as error:
+        return Check("reasoning", False, f"stream failed: {error.message}", required=False)
+    finally:
+        await stream.aclose()
+    if not found:
+        return Check("reasoning", False, f"sent {sent}; no reasoning text came back",
+                     required=False)
+    where = ", ".join(f"{name} ({count} chars)" for name, count in found.items())
+    return Check("reasoning", True, f"sent {sent}; text in {where}")
+
+
+async def check_tools(client: OpenAIClient, settings: Settings, model: str) -> Check:
+    request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
+                                messages=[{"role": "user", "content":
+                                           "What time is it? Use the get_time tool."}])
+    try:
+        completion = await client.complete(convert_request(request, settings).body)
+    except ProxyError as error:
+        return Check("tools", False, f"rejected ({error.status}: {error.message})")
+    choices = completion.get("choices") or [{}]
+    called = bool((choices[0].get("message") or {}).get("tool_calls"))
+    return Check("tools", True, "accepted; the model called get_time" if called
+                 else "accepted (the model answered without calling the tool)")
+
+
+def configured_models(settings: Settings) -> list[tuple[str, list[str]]]:
+    tiers: dict[str, list[str]] = {}
+    for tier, name in (("big", "opus"), ("middle", "sonnet"), ("small", "haiku")):
+        tiers.setdefault(settings.model_for_tier(tier), []).append(name)  # type: ignore[arg-type]
+    return list(tiers.items())
+
+
+async def diagnose(settings: Settings) -> tuple[list[str], bool]:
+    lines = [f"claude-proxy doctor: upstream {settings.openai_base_url} "
+             f"(provider {settings.provider_name})",
+             f"    {'configuration':<14} {'ok':<5} key {'set' if settings.secrets() else 'unset'}"
+             f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
+             f"{'on' if settings.reasoning_with_tools else 'off'}"]
+    client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
+    ok = True
+    try:
+        for model, tiers in configured_models(settings):
+            report = ModelReport(model, tiers, await check_model(client, settings, model))
+            lines.append(f"  {model} ({', '.join(tiers)})")
+            lines.extend(check.line() for check in report.checks)
+            ok = ok and report.ok
+    finally:
+        await client.aclose()
+    lines.append("Claude Code will work with this configuration." if ok else
+                 "Claude Code will NOT work yet: fix the FAIL lines above.")
+    return lines, ok
+
+
+def run_doctor(settings: Settings) -> int:
+    lines, ok = asyncio.run(diagnose(settings))
+    print("\n".join(lines))
+    return 0 if ok else 1
