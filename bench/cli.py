@@ -24,6 +24,7 @@ from bench.procs import (
     Managed,
     StartupError,
     WorkersUnsupported,
+    load_average,
     raise_fd_limit,
     start_proxy,
     start_upstream,
@@ -211,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "scale": args.scale, "workers_requested": args.workers, "cpus": os.cpu_count(),
         "python": platform.python_version(), "commit": git_commit(),
-        "fd_limit": raise_fd_limit(8 * max(1000, round(1000 * args.scale)) + 1000)}
+        "fd_limit": raise_fd_limit(8 * max(1000, round(1000 * args.scale)) + 1000),
+        "load_average_before": load_average()}
+    if meta["load_average_before"] > 0.5:
+        log(f"warning: load average {meta['load_average_before']:.2f} before the start: other "
+            "processes are using the CPUs, so the results will be noisy (see 'other' below)")
     profiler = Profiler(args.profile, log) if args.profile else None
     try:
         with tempfile.TemporaryDirectory(prefix="claude-proxy-bench-") as tmp:

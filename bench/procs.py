@@ -67,6 +67,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds spent by the whole machine (all cores, every process) since boot, from
+    /proc/stat: set against our three processes it shows what else was running."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def load_average() -> float:
+    """The 1-minute load average (how many runnable tasks, on average)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) of one process, in KiB (zeros if it is gone)."""
     values = {"VmRSS": 0, "VmHWM": 0}

@@ -154,13 +154,15 @@ def table(results: Results, checked: list[Target]) -> str:
 
 
 def cpu_table(cpu: dict[str, dict[str, float]]) -> str:
-    """Per phase: wall time and how busy each process was (100% = one core)."""
+    """Per phase: wall time and how busy each process was (100% = one core). `other` is the
+    rest of the machine; much above a few % means something else competed for the CPUs."""
     header = (f"{'phase (CPU % of one core)':<34} {'wall s':>7} {'client':>7} {'upstream':>9} "
-              f"{'proxy':>7}")
+              f"{'proxy':>7} {'other':>7}")
     lines = [header, "-" * len(header)]
     for phase, spent in cpu.items():
         lines.append(f"{phase:<34} {spent['wall_s']:>7.2f} {spent['client_busy_pct']:>6.0f}% "
-                     f"{spent['upstream_busy_pct']:>8.0f}% {spent['proxy_busy_pct']:>6.0f}%")
+                     f"{spent['upstream_busy_pct']:>8.0f}% {spent['proxy_busy_pct']:>6.0f}% "
+                     f"{spent.get('other_busy_pct', 0.0):>6.0f}%")
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from bench.client import StreamTiming, Target, lanes, new_client, request_message, request_stream
-from bench.procs import Managed, Usage
+from bench.procs import Managed, Usage, machine_busy_seconds
 
 Result = dict[str, Any]
 
@@ -69,24 +69,32 @@ def ms(seconds: float) -> float:
 async def accounted(bench: Bench, key: str) -> AsyncIterator[None]:
     """Record wall time and the CPU seconds of client, upstream and proxy for one phase."""
     async with bench.recording(key):
-        started, client = time.perf_counter(), time.process_time()
-        upstream, proxy = bench.upstream.usage().cpu, bench.proxy_process.usage().cpu
+        before = cpu_reading(bench)
         try:
             yield
         finally:
-            record_cpu(bench, key, started, client, upstream, proxy)
+            bench.cpu[key] = cpu_spent(before, cpu_reading(bench))
 
 
-def record_cpu(bench: Bench, key: str, started: float, client: float, upstream: float,
-               proxy: float) -> None:
-    """What `accounted` measured: wall time, CPU seconds and busy % (100 = one core)."""
-    wall = time.perf_counter() - started
-    spent = {"wall_s": wall, "client_cpu_s": time.process_time() - client,
-             "upstream_cpu_s": bench.upstream.usage().cpu - upstream,
-             "proxy_cpu_s": bench.proxy_process.usage().cpu - proxy}
+def cpu_reading(bench: Bench) -> dict[str, float]:
+    """Wall clock and CPU seconds so far: client, upstream, proxy and the whole machine."""
+    return {"wall": time.perf_counter(), "client": time.process_time(),
+            "upstream": bench.upstream.usage().cpu, "proxy": bench.proxy_process.usage().cpu,
+            "machine": machine_busy_seconds()}
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Wall time, CPU seconds and busy % (100 = one core) between two readings. `other` is
+    every other process on the machine: when it is high, the numbers are not to be trusted."""
+    wall = after["wall"] - before["wall"]
+    spent = {"wall_s": wall}
     for name in ("client", "upstream", "proxy"):
+        spent[f"{name}_cpu_s"] = after[name] - before[name]
+    ours = sum(spent[f"{name}_cpu_s"] for name in ("client", "upstream", "proxy"))
+    spent["other_cpu_s"] = max(0.0, after["machine"] - before["machine"] - ours)
+    for name in ("client", "upstream", "proxy", "other"):
         spent[f"{name}_busy_pct"] = 100 * spent[f"{name}_cpu_s"] / wall if wall else 0.0
-    bench.cpu[key] = {name: round(value, 4) for name, value in spent.items()}
+    return {name: round(value, 4) for name, value in spent.items()}
 
 
 async def gather_outcomes(jobs: list[Awaitable[Any]]) -> tuple[list[Any], list[str]]:

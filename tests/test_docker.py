@@ -84,7 +84,7 @@ def test_install_and_start_commands_in_a_clean_virtualenv(tmp_path: Path) -> Non
     try:
         assert process.stdout is not None
         for line in process.stdout:
-            if "Application startup complete" in line:
+            if "Uvicorn running on" in line:
                 break
         threading.Thread(target=process.stdout.read, daemon=True).start()
         with urllib.request.urlopen(f"http://127.0.0.1:{env['PORT']}/health") as response:

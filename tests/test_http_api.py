@@ -184,7 +184,7 @@ def test_cli_serves_with_an_env_file(tmp_path: Path, upstream: ScriptedUpstream)
     try:
         assert process.stdout is not None
         for line in process.stdout:  # wait for uvicorn to say it is up
-            if "Uvicorn running" in line or "Application startup complete" in line:
+            if "Uvicorn running on" in line:
                 break
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/messages",
                            json={**MINIMAL, "model": "claude-opus-4-1"}, timeout=20)

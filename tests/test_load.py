@@ -60,7 +60,7 @@ def proxy_process(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[tuple[
                                stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     for line in process.stdout:
-        if "Application startup complete" in line:
+        if "Uvicorn running on" in line:
             break
     # Keep draining its output (one access line per request), or the pipe fills and blocks it.
     threading.Thread(target=process.stdout.read, daemon=True).start()

@@ -206,7 +206,7 @@ def started(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Pope
         output = []
         for line in process.stdout:
             output.append(line)
-            if "Application startup complete" in line or "Finished server process" in line:
+            if "Uvicorn running on" in line or "Finished server process" in line:
                 break
         process.startup_output = "".join(output)  # type: ignore[attr-defined]
         process.later_output = []  # type: ignore[attr-defined]
