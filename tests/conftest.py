@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -145,6 +146,14 @@ def eventually(predicate: Callable[[], bool], timeout: float = 10) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def serving(url: str) -> bool:
+    """Whether a server answers /health yet (it may still be binding its socket)."""
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def load_fixture(name: str) -> dict[str, Any]:

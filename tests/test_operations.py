@@ -18,7 +18,7 @@ import pytest
 from claude_proxy.config import Settings, load_settings
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.conversion.tool_groups import disabled_groups, env_name
-from tests.conftest import UPSTREAM_KEY, ProxyServer, eventually, load_fixture
+from tests.conftest import UPSTREAM_KEY, ProxyServer, eventually, load_fixture, serving
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -209,11 +209,13 @@ def started(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Pope
             if "Uvicorn running on" in line or "Finished server process" in line:
                 break
         process.startup_output = "".join(output)  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}"
         process.later_output = []  # type: ignore[attr-defined]
         # Keep reading (the pipe must not fill up), and keep the lines for the test.
         threading.Thread(target=lambda: process.later_output.extend(  # type: ignore[attr-defined]
             iter(process.stdout.readline, "")), daemon=True).start()
-        return f"http://127.0.0.1:{port}", process
+        assert eventually(lambda: serving(url), timeout=30)
+        return url, process
 
     yield start
     for process in processes:
