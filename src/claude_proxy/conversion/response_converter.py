@@ -222,7 +222,6 @@ class StreamConverter:
         self._show_inline_thinking = show_inline_thinking
         self._splitter: ThinkTagSplitter | None = None
         self._saw_reasoning_field = False
-        self.finished = False
 
     # ------------------------------------------------------------ public API
 
@@ -275,7 +274,6 @@ class StreamConverter:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
-        self.finished = True
         delta = {"stop_reason": self.stop_reason(), "stop_sequence": None}
         events.append({"type": "message_delta", "delta": delta, "usage": self.usage()})
         events.append({"type": "message_stop"})
@@ -285,7 +283,6 @@ class StreamConverter:
         """Close every open block, then one `error` event (the stream then ends)."""
         events = self._flush_splitter()
         events.extend(self._close_all())
-        self.finished = True
         events.append(error.body())
         return events
 
