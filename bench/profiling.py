@@ -2,13 +2,17 @@
 the collapsed stacks are summed into hotspots (self time per function and per library), so a
 bench run says not only how fast the proxy is but where its CPU goes.
 
-py-spy runs outside the proxy (`--nonblocking`, no pauses), but on a 2-core machine it still
-takes CPU from the others: numbers from a profiled run are not for comparison.
+py-spy runs outside the proxy with `--nonblocking` (no pauses: pausing biases samples toward
+syscalls). The price is that some stacks are read torn, so only self (leaf) time is summarised
+here; for call paths load DIR/<phase>.txt (collapsed stacks) into speedscope or flamegraph.pl.
+Time spent in C (a socket write, orjson) is charged to the Python function that called it.
+py-spy also takes CPU from the others on a small machine: a profiled run is not for comparison.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import signal
 import subprocess
@@ -23,12 +27,12 @@ from pathlib import Path
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("claude_proxy (our code)", ("claude_proxy/",)),
     ("sse-starlette", ("sse_starlette/",)),
-    ("uvicorn/h11/httptools", ("uvicorn/", "h11/", "httptools/")),
-    ("httpx/httpcore/httpx-sse", ("httpx/", "httpcore/", "httpx_sse/")),
+    # uvicorn[standard] serves with httptools; h11 is httpcore's parser (the upstream side).
+    ("uvicorn/httptools", ("uvicorn/", "httptools/")),
+    ("httpx/httpcore/h11/httpx-sse", ("httpx/", "httpcore/", "h11/", "httpx_sse/")),
     ("starlette/fastapi", ("starlette/", "fastapi/")),
-    ("anyio/asyncio/uvloop", ("anyio/", "asyncio/", "uvloop/")),
-    ("pydantic", ("pydantic", )),
-    ("orjson", ("orjson",)),
+    ("anyio/asyncio/uvloop", ("anyio/", "asyncio/", "uvloop/", "sniffio/")),
+    ("pydantic", ("pydantic",)),
     ("logging", ("logging/",)),
 )
 
@@ -45,14 +49,12 @@ def group_of(path: str) -> str:
     return "other (stdlib, native)"
 
 
+_LIBRARY_ROOT = re.compile(r".*(?:site-packages|/src|/lib/python3\.\d+)/")
+
+
 def short_path(path: str) -> str:
     """`.../site-packages/httpcore/_async/http11.py` → `httpcore/_async/http11.py`."""
-    for marker in ("site-packages/", "/src/", "/lib/python3"):
-        at = path.rfind(marker)
-        if at >= 0:
-            path = path[at + len(marker):]
-            break
-    return path.split("/", 1)[1] if path.startswith(".") and "/" in path else path
+    return _LIBRARY_ROOT.sub("", path, count=1)
 
 
 def parse_frame(frame: str) -> tuple[str, str]:
@@ -68,7 +70,6 @@ class Hotspots:
     def __init__(self, raw: str) -> None:
         self.total = 0
         self.self_time: Counter[str] = Counter()
-        self.inclusive: Counter[str] = Counter()
         self.groups: Counter[str] = Counter()
         for line in raw.splitlines():
             stack, _, count = line.rpartition(" ")
@@ -83,8 +84,6 @@ class Hotspots:
         leaf, leaf_path = parsed[-1]
         self.self_time[leaf] += count
         self.groups[group_of(leaf_path)] += count
-        for name in {name for name, _ in parsed}:
-            self.inclusive[name] += count
 
     def pct(self, count: int) -> str:
         return f"{100 * count / self.total:5.1f}%" if self.total else "  -  "
@@ -94,10 +93,6 @@ class Hotspots:
         lines += [f"    {self.pct(n)}  {name}" for name, n in self.groups.most_common()]
         lines.append(f"  top {top} functions by self time:")
         lines += [f"    {self.pct(n)}  {name}" for name, n in self.self_time.most_common(top)]
-        ours = [(name, n) for name, n in self.inclusive.most_common()
-                if "claude_proxy/" in name][:10]
-        lines.append("  our code, inclusive (time in the function and what it calls):")
-        lines += [f"    {self.pct(n)}  {name}" for name, n in ours]
         return "\n".join(lines)
 
 
