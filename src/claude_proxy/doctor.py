@@ -88,8 +88,8 @@ async def check_reasoning(client: OpenAIClient, settings: Settings, model: str) 
                      "the proxy will fall back to sending none", required=False)
     found: dict[str, int] = {}
     try:
-        async for chunk in stream:
-            for choice in chunk.get("choices") or []:
+        async for batch in stream:
+            for choice in (choice for chunk in batch for choice in chunk.get("choices") or []):
                 delta = choice.get("delta") or {}
                 for name in REASONING_FIELDS:
                     if delta.get(name):

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+import anyio
 import orjson
 from starlette.requests import Request
 
@@ -21,7 +22,7 @@ from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.sse import encode_events
-from claude_proxy.upstream import UpstreamStream
+from claude_proxy.upstream import Chunk, UpstreamStream
 
 logger = logging.getLogger("claude_proxy.lifecycle")
 sse_logger = logging.getLogger("claude_proxy.sse")
@@ -73,25 +74,69 @@ def transient(error: ProxyError) -> ProxyError:
     return error
 
 
+class ChunkPump:
+    """Reads the upstream in its own task while the relay writes to the client.
+
+    The reader runs on until it has to wait for the network, so everything one network read
+    brought in (often many SSE events) is waiting when the relay wakes up, and goes to the
+    client in one write instead of one write per event.
+    """
+
+    def __init__(self, stream: UpstreamStream) -> None:
+        self.chunks: list[Chunk] = []
+        self.arrived = asyncio.Event()
+        self.finished = False
+        self.error: ProxyError | None = None
+        self._stream = stream
+
+    async def run(self) -> None:
+        try:
+            async for batch in self._stream:
+                self.chunks.extend(batch)
+                self.arrived.set()
+        except ProxyError as error:
+            self.error = error
+        finally:
+            self.finished = True
+            self.arrived.set()
+
+    async def take(self) -> list[Chunk]:
+        """Everything read so far (waiting for something, or for the end)."""
+        await self.arrived.wait()
+        self.arrived.clear()
+        taken, self.chunks = self.chunks, []
+        return taken
+
+
 async def relay_events(converter: StreamConverter, stream: UpstreamStream,
                        deadline: float, metrics: Metrics) -> AsyncIterator[bytes]:
     """Upstream chunks through the converter to SSE bytes, ending in message_stop or in one
-    `event: error`. A cancelled relay (the client left) closes the upstream response."""
-    chunks = aiter(stream)
+    `event: error`. A cancelled relay (the client left) stops the reader and closes the
+    upstream response.
+
+    The deadline is checked whenever the upstream sends anything; a silent upstream is ended
+    by the idle-read timeout (REQUEST_TIMEOUT) instead, so no timer runs per chunk.
+    """
+    loop = asyncio.get_running_loop()
+    pump = ChunkPump(stream)
+    reader = asyncio.ensure_future(pump.run())
     metrics.active_streams.inc()
     try:
         yield _frame(converter.start())
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise deadline_error() from None
-            events = converter.feed(chunk)
+        while not pump.finished or pump.chunks:
+            chunks = await pump.take()
+            if loop.time() > deadline:
+                raise deadline_error()
+            events, failure = _convert(converter, chunks)
             if events:
                 yield _frame(events)
+            if failure is not None:
+                raise failure
+        if pump.error is not None:
+            raise pump.error
+        if not stream.complete and not converter.saw_finish_reason:
+            raise ProxyError(502, "upstream stream ended before the response was complete",
+                             error_type="overloaded_error")
         yield _frame(converter.finish())
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
@@ -100,7 +145,24 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     finally:
         metrics.active_streams.dec()
         record_usage(converter.usage(), converter.reasoning_tokens())
-        await stream.aclose()
+        reader.cancel()
+        # The relay may be finishing because it was cancelled (the client left): shield the
+        # clean-up, or its first await would be cancelled too and the upstream left open.
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(reader, return_exceptions=True)
+            await stream.aclose()
+
+
+def _convert(converter: StreamConverter,
+             chunks: list[Chunk]) -> tuple[list[dict[str, Any]], ProxyError | None]:
+    """The events of some chunks; if one of them is an error, the events before it too."""
+    events: list[dict[str, Any]] = []
+    for chunk in chunks:
+        try:
+            events.extend(converter.feed(chunk))
+        except ProxyError as error:
+            return events, error
+    return events, None
 
 
 def _frame(events: list[dict[str, Any]]) -> bytes:

@@ -1,7 +1,9 @@
-"""Anthropic events framed as named SSE events (sse-starlette does the framing).
+"""Anthropic events as SSE bytes.
 
-Every event carries `event: <type>` because the SDKs drop unnamed events. The events produced
-from one upstream read are joined into one write.
+Every event carries `event: <type>`, because the SDKs drop unnamed events. orjson never puts a
+newline in its output, so one `data:` line per event is the exact SSE framing; encoding by hand
+keeps this hot path to one bytes join per batch. sse-starlette's EventSourceResponse does the
+rest of the work (the streaming response, keep-alive pings, disconnects).
 """
 
 from __future__ import annotations
@@ -10,14 +12,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from sse_starlette import ServerSentEvent
 
-SEPARATOR = "\n"
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(event))
 
 
 def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(
-        ServerSentEvent(data=orjson.dumps(event).decode(), event=event["type"],
-                        sep=SEPARATOR).encode()
-        for event in events
-    )
+    return b"".join(map(encode_event, events))

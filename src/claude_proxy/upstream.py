@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 import httpx
 import orjson
-from httpx_sse import EventSource
+
+# httpx-sse's spec-compliant decoders, used directly so that parsing can follow network reads.
+from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from claude_proxy.config import Settings
 from claude_proxy.conversion.response_converter import _merge_reasoning_fields
@@ -31,32 +33,63 @@ T = TypeVar("T")
 
 
 class UpstreamStream:
-    """An open upstream response yielding parsed chunks, its first chunk already read."""
+    """An open upstream response yielding batches of parsed chunks, one batch per network
+    read (so the events made from one read go to the client in one write), its first chunk
+    already read. `complete` tells, at the end, whether the upstream said `[DONE]`."""
 
-    def __init__(self, response: httpx.Response | None, chunks: AsyncIterator[Chunk]) -> None:
+    def __init__(self, response: httpx.Response | None,
+                 batches: AsyncIterator[list[Chunk]] | None = None) -> None:
         self._response = response
-        self._chunks = chunks
-        self._first: Chunk | None = None
+        self._batches = batches if batches is not None else self._read_sse()
+        self._first: list[Chunk] = []
+        self.complete = batches is not None  # a buffered answer is whole by construction
 
     async def prefetch(self) -> None:
         """Read ahead to the first chunk (raising ProxyError if the stream fails before it)."""
-        try:
-            self._first = await anext(self._chunks)
-        except StopAsyncIteration:
-            self._first = None
-        if self._first is not None and self._first.get("error"):
-            raise error_from_payload(self._first["error"])
+        async for batch in self._batches:
+            if batch:
+                self._first = batch
+                break
+        if self._first and self._first[0].get("error"):
+            raise error_from_payload(self._first[0]["error"])
 
-    async def __aiter__(self) -> AsyncIterator[Chunk]:
-        if self._first is not None:
-            first, self._first = self._first, None
+    async def __aiter__(self) -> AsyncIterator[list[Chunk]]:
+        if self._first:
+            first, self._first = self._first, []
             yield first
-        async for chunk in self._chunks:
-            yield chunk
+        async for batch in self._batches:
+            yield batch
 
     async def aclose(self) -> None:
         if self._response is not None:
             await self._response.aclose()
+
+    async def _read_sse(self) -> AsyncIterator[list[Chunk]]:
+        """The `data:` payloads of each network read, parsed, until `[DONE]`.
+
+        httpx-sse's own decoders do the SSE parsing (comments, `data:` without a space,
+        CRLF); they are fed one decoded read at a time so that a read's chunks stay together.
+        A malformed JSON payload is skipped and logged.
+        """
+        assert self._response is not None
+        lines, events = SSELineDecoder(), SSEDecoder()
+        try:
+            async for text in self._response.aiter_text():
+                batch: list[Chunk] = []
+                for line in lines.decode(text):
+                    event = events.decode(line)
+                    if event is None or not event.data:
+                        continue
+                    if event.data.strip() == "[DONE]":
+                        self.complete = True
+                        yield batch
+                        return
+                    chunk = _parse_chunk(event.data)
+                    if chunk is not None:
+                        batch.append(chunk)
+                yield batch  # possibly empty (a comment): the relay still sees time pass
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from exc
 
 
 class OpenAIClient:
@@ -131,14 +164,14 @@ class OpenAIClient:
     async def open_buffered_stream(self, body: dict[str, Any]) -> UpstreamStream:
         """A non-streaming completion, replayed as chunks (for models that stream badly)."""
         completion = await self.complete(body)
-        return UpstreamStream(None, _iterate(self._generate_buffered_stream_chunks(completion)))
+        return UpstreamStream(None, _one_batch(self._generate_buffered_stream_chunks(completion)))
 
     def _wrap(self, response: httpx.Response) -> UpstreamStream:
         content_type = response.headers.get("content-type", "")
         if "text/event-stream" in content_type:
-            return UpstreamStream(response, _sse_chunks(response))
+            return UpstreamStream(response)
         # The upstream ignored `stream` and answered with one JSON body.
-        return UpstreamStream(response, _buffered_chunks(response))
+        return UpstreamStream(response, _buffered_batches(response))
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` until it succeeds or the policy gives up; nothing has reached the
@@ -237,48 +270,22 @@ def _parse_json_body(content: bytes) -> Chunk:
     return data
 
 
-async def _iterate(chunks: Iterator[Chunk]) -> AsyncIterator[Chunk]:
-    for chunk in chunks:
-        yield chunk
+async def _one_batch(chunks: Iterator[Chunk]) -> AsyncIterator[list[Chunk]]:
+    yield list(chunks)
 
 
-async def _buffered_chunks(response: httpx.Response) -> AsyncIterator[Chunk]:
+async def _buffered_batches(response: httpx.Response) -> AsyncIterator[list[Chunk]]:
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
         raise _transport_error(exc) from exc
-    for chunk in OpenAIClient._generate_buffered_stream_chunks(_parse_json_body(content)):
-        yield chunk
+    yield list(OpenAIClient._generate_buffered_stream_chunks(_parse_json_body(content)))
 
 
-async def _sse_chunks(response: httpx.Response) -> AsyncIterator[Chunk]:
-    """Parsed `data:` payloads until `[DONE]`; a stream cut short raises ProxyError."""
-    finished = False
+def _parse_chunk(data: str) -> Chunk | None:
     try:
-        async for event in EventSource(response).aiter_sse():
-            data = event.data
-            if not data:
-                continue
-            if data.strip() == "[DONE]":
-                return
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                logger.warning("skipping a malformed upstream chunk (%d bytes)", len(data))
-                continue
-            if not isinstance(chunk, dict):
-                continue
-            finished = finished or _has_finish_reason(chunk)
-            yield chunk
-    except httpx.HTTPError as exc:
-        raise _transport_error(exc) from exc
-    if not finished:
-        raise ProxyError(502, "upstream stream ended before the response was complete",
-                         error_type="overloaded_error")
-
-
-def _has_finish_reason(chunk: Chunk) -> bool:
-    choices = chunk.get("choices")
-    if not isinstance(choices, list):
-        return False
-    return any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        logger.warning("skipping a malformed upstream chunk (%d bytes)", len(data))
+        return None
+    return chunk if isinstance(chunk, dict) else None

@@ -292,6 +292,10 @@ class StreamConverter:
         reason = STOP_REASONS.get(self._finish_reason or "stop", "end_turn")
         return "end_turn" if reason == "tool_use" else reason
 
+    @property
+    def saw_finish_reason(self) -> bool:
+        return self._finish_reason is not None
+
     def reasoning_tokens(self) -> int:
         return reasoning_tokens(self._usage) if self._usage is not None else 0
 
