@@ -33,6 +33,9 @@ class RedactingFilter(logging.Filter):
         self._secrets = sorted(secrets, key=len, reverse=True)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "redacted", False):  # already done by the other handler
+            return True
+        record.redacted = True
         message = record.getMessage()
         record.msg = redact(message, self._secrets)
         record.args = None
