@@ -1,7 +1,8 @@
 """The FastAPI application: routes, auth, body limits and Anthropic-shaped errors.
 
-This is the only module that knows HTTP framing; conversion happens in `conversion/`, and the
-network is `upstream.py`'s.
+Routes and HTTP concerns only: conversion happens in `conversion/`, the flow of one request in
+`service.py`, the response's lifetime (disconnects, deadline, SSE relay) in `lifecycle.py`, and
+the network in `upstream.py`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient
 
 logger = logging.getLogger("claude_proxy.app")
-sse_logger = logging.getLogger("claude_proxy.sse")
 
 
 def json_response(content: Any, status: int = 200,

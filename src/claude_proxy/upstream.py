@@ -95,7 +95,6 @@ class UpstreamStream:
 class OpenAIClient:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
                  on_retry: Callable[[], None] | None = None):
-        self._settings = settings
         self._on_retry = on_retry
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
                                    settings.retry_max_delay)
