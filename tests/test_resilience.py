@@ -309,3 +309,36 @@ def test_proxy_keeps_working_after_faults(proxy: ProxyServer,
     upstream.queue(text_stream(["still ", "fine"]), completion({"content": "also fine"}))
     assert accumulate(events_of(post(proxy)))["content"][0]["text"] == "still fine"
     assert post(proxy, stream=False).json()["content"][0]["text"] == "also fine"
+
+
+@pytest.mark.parametrize(("message", "field"), [
+    ("Unrecognized request argument supplied: stream_options", "stream_options"),
+    ("body.user: Extra inputs are not permitted", "user"),
+    ("Unsupported parameter: 'parallel_tool_calls'", "parallel_tool_calls"),
+])
+def test_refused_optional_field_is_left_out_from_then_on(
+        message: str, field: str, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(max_retries=0)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if field in body:
+            return error_reply(400, message)
+        return text_stream(["fine"])
+
+    upstream.responder = respond
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    fields = {"metadata": {"user_id": "u-1"}, "tools": tools,
+              "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+    for _ in range(2):
+        message_ = accumulate(events_of(post(proxy, **fields)))
+        assert message_["content"] == [{"type": "text", "text": "fine"}]
+    assert [field in request for request in upstream.requests] == [True, False, False]
+
+
+def test_a_400_about_messages_is_not_mistaken_for_a_refused_field(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(max_retries=0)
+    upstream.queue(error_reply(400, "messages: the first message must have role user"))
+    response = post(proxy, metadata={"user_id": "u-1"})
+    assert response.status_code == 400 and len(upstream.requests) == 1

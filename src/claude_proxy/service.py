@@ -12,7 +12,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from claude_proxy.access import current_record, record_usage
-from claude_proxy.capabilities import ReasoningRefusals, names_added_field
+from claude_proxy.capabilities import (
+    OPTIONAL_FIELDS,
+    REASONING,
+    Refusals,
+    names_added_field,
+    refused_optional_fields,
+)
 from claude_proxy.config import Settings
 from claude_proxy.conversion.request_converter import (
     UpstreamRequest,
@@ -42,7 +48,7 @@ class MessagesService:
         self.client = client
         self.signer = signer
         self.metrics = metrics
-        self.refusals = ReasoningRefusals()
+        self.refusals = Refusals()
 
     def is_ours(self, block: dict[str, Any]) -> bool:
         """Our own thinking block: its signature verifies. A block with an empty signature
@@ -54,15 +60,17 @@ class MessagesService:
         return isinstance(signature, str) and self.signer.verify(
             str(block.get("thinking", "")), signature)
 
-    def convert(self, body: dict[str, Any], *, without_reasoning: bool = False
-                ) -> UpstreamRequest:
+    def convert(self, body: dict[str, Any]) -> UpstreamRequest:
+        """The upstream request, minus whatever this model is known to refuse."""
         model = map_model(body["model"], self.settings)
         record = current_record()
         record.client_model, record.upstream_model = body["model"], model
         record.stream = bool(body.get("stream"))
-        refused = without_reasoning or self.refusals.refuses(model)
         upstream = convert_request(body, self.settings, is_ours=self.is_ours,
-                                   without_reasoning=refused)
+                                   without_reasoning=self.refusals.refuses(model, REASONING))
+        for name in OPTIONAL_FIELDS:
+            if self.refusals.refuses(model, name):
+                upstream.body.pop(name, None)
         logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
         return upstream
 
@@ -88,22 +96,35 @@ class MessagesService:
     async def _send_with_fallback(
             self, body: dict[str, Any],
             send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
-        """Send; if the upstream refuses a reasoning field we added, remember that for the
-        model and send once more without reasoning fields."""
+        """Send; if the upstream refuses a field we added (an optional OpenAI field, or the
+        reasoning fields), remember that for the model and send once more without it."""
         upstream = self.convert(body)
         try:
             return upstream, await send(upstream)
         except ProxyError as error:
-            if error.status != 400 or not upstream.extras or not names_added_field(
-                    error.message, upstream.extras):
+            refused = self._refused_fields(error, upstream)
+            if not refused:
                 raise
             model = upstream.body["model"]
-            logger.warning("upstream model %s refused the reasoning fields %s (%s); retrying "
-                           "without them, and leaving them out for this model from now on",
-                           model, sorted(upstream.extras), error.message)
-            self.refusals.remember(model)
-            upstream = self.convert(body, without_reasoning=True)
+            what = (f"the reasoning fields {sorted(upstream.extras)}" if refused == [REASONING]
+                    else ", ".join(refused))
+            logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
+                           "it out for this model from now on", model, what, error.message)
+            for field in refused:
+                self.refusals.remember(model, field)
+            upstream = self.convert(body)
             return upstream, await send(upstream)
+
+    @staticmethod
+    def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
+        if error.status != 400:
+            return []
+        optional = refused_optional_fields(error.message, upstream.body)
+        if optional:
+            return optional
+        if upstream.extras and names_added_field(error.message, upstream.extras):
+            return [REASONING]
+        return []
 
     async def open_stream(self, body: dict[str, Any]) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
