@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -146,6 +147,24 @@ def eventually(predicate: Callable[[], bool], timeout: float = 10) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment for a `claude-proxy` subprocess, without any setting of the caller's
+    that would change what is tested, and with its log in tmp_path."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
+                                "REASONING_", "THINKING_", "PROVIDER"))}
+    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
+    return env
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (a closed one, or one for a server to take)."""
+    sock = bind_loopback()
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
 
 
 def serving(url: str) -> bool:

@@ -13,7 +13,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from tests.scripted_upstream import bind_loopback
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,9 +71,7 @@ def test_install_and_start_commands_in_a_clean_virtualenv(tmp_path: Path) -> Non
             for pair in shlex.split(value):
                 name, _, setting = pair.partition("=")
                 env[name] = setting.replace("/opt/venv/bin:$PATH", env["PATH"])
-    sock = bind_loopback()
-    env["PORT"] = str(sock.getsockname()[1])
-    sock.close()
+    env["PORT"] = str(free_port())
     env["HOST"] = "127.0.0.1"
     env["LOG_FILE"] = str(tmp_path / "logs" / "claude-proxy.log")
     keywords = dict(final)

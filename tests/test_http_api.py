@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,8 +12,8 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import CLIENT_KEY, ProxyServer, load_fixture
-from tests.scripted_upstream import ScriptedUpstream, bind_loopback, text_stream
+from tests.conftest import CLIENT_KEY, ProxyServer, clean_env, free_port, load_fixture
+from tests.scripted_upstream import ScriptedUpstream, text_stream
 
 MINIMAL = {"model": "claude-sonnet-4-6", "max_tokens": 64,
            "messages": [{"role": "user", "content": "hi"}]}
@@ -148,13 +147,6 @@ def run_cli(*args: str, env: dict[str, str], timeout: float = 20) -> subprocess.
                           capture_output=True, text=True, timeout=timeout)
 
 
-def clean_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_"))}
-    env["LOG_FILE"] = str(tmp_path / "cli.log")
-    return env
-
-
 def test_cli_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     result = run_cli(env=clean_env(tmp_path))
     assert result.returncode == 2
@@ -171,9 +163,7 @@ def test_cli_names_the_bad_variable(tmp_path: Path) -> None:
 
 
 def test_cli_serves_with_an_env_file(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    sock = bind_loopback()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     env_file = tmp_path / ".env.test"
     env_file.write_text(f"OPENAI_API_KEY=sk-cli-test\nOPENAI_BASE_URL={upstream.base_url}\n"
                         "BIG_MODEL=cli-big\n")

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import UPSTREAM_KEY
-from tests.scripted_upstream import Reply, ScriptedUpstream, bind_loopback, chunk
+from tests.conftest import UPSTREAM_KEY, free_port
+from tests.scripted_upstream import Reply, ScriptedUpstream, chunk
 from tests.sse_grammar import accumulate, check_grammar, parse_sse
 
 STREAMS = 500
@@ -50,9 +50,7 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 @pytest.fixture
 def proxy_process(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    sock = bind_loopback()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     env = {**os.environ, "OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream.base_url,
            "PROVIDER": "openai", "LOG_FILE": str(tmp_path / "load.log"), "LOG_LEVEL": "INFO"}
     process = subprocess.Popen([sys.executable, "-m", "claude_proxy", "--host", "127.0.0.1",

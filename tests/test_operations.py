@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -18,11 +17,18 @@ import pytest
 from claude_proxy.config import Settings, load_settings
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.conversion.tool_groups import disabled_groups, env_name
-from tests.conftest import UPSTREAM_KEY, ProxyServer, eventually, load_fixture, serving
+from tests.conftest import (
+    UPSTREAM_KEY,
+    ProxyServer,
+    clean_env,
+    eventually,
+    free_port,
+    load_fixture,
+    serving,
+)
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
-    bind_loopback,
     chunk,
     completion,
     error_reply,
@@ -174,21 +180,6 @@ def test_tool_group_variables_from_env_file_and_environment(
 
 
 # ---------------------------------------------------------------- command line
-
-
-def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
-                                "REASONING_", "THINKING_", "PROVIDER"))}
-    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
-    return env
-
-
-def free_port() -> int:
-    sock = bind_loopback()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ from claude_proxy.config import Settings
 from claude_proxy.errors import ProxyError
 from claude_proxy.retry import MAX_RETRY_AFTER_SECONDS, RetryPolicy
 from claude_proxy.upstream import OpenAIClient
-from tests.conftest import ProxyServer, eventually
+from tests.conftest import ProxyServer, eventually, free_port
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
-    bind_loopback,
     chunk,
     completion,
     error_reply,
@@ -94,9 +93,7 @@ def test_total_timeout_before_first_byte(proxy_factory: Callable[..., ProxyServe
 
 def test_connection_refused_is_retried_then_overloaded(
         proxy_factory: Callable[..., ProxyServer]) -> None:
-    closed = bind_loopback()
-    port = closed.getsockname()[1]
-    closed.close()
+    port = free_port()
     proxy = proxy_factory(openai_base_url=f"http://127.0.0.1:{port}/v1", max_retries=1)
     response = post(proxy)
     assert response.status_code == 502

@@ -42,10 +42,6 @@ class ThinkTagSplitter:
         self._at_start = True
         self._implicit = implicit_thinking
 
-    @property
-    def in_thinking(self) -> bool:
-        return self._kind == "thinking"
-
     def feed(self, piece: str) -> list[Piece]:
         text = self._held + piece
         self._held = ""
