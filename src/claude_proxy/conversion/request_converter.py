@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from claude_proxy.config import Dialect, Settings, matches_prefix
+from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
 from claude_proxy.conversion.messages import (
     AssistantTurn,
     convert_assistant_turn,
@@ -36,7 +36,7 @@ logger = logging.getLogger("claude_proxy.conversion")
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 
 
-def map_model(requested: str, settings: Settings) -> str:
+def map_model(requested: str, settings: ProviderSettings) -> str:
     """opus/sonnet/haiku names → BIG/MIDDLE/SMALL_MODEL; any other name passes unchanged."""
     lowered = requested.lower()
     for marker, tier in _TIERS:
@@ -94,7 +94,7 @@ class UpstreamRequest:
 
 def convert_request(
     request: dict[str, Any],
-    settings: Settings,
+    settings: ProviderSettings,
     *,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     without_reasoning: bool = False,
@@ -133,7 +133,7 @@ def convert_request(
 
 
 def apply_reasoning_parameters(
-    body: dict[str, Any], request: dict[str, Any], settings: Settings
+    body: dict[str, Any], request: dict[str, Any], settings: ProviderSettings
 ) -> tuple[dict[str, Any], bool]:
     """Turn thinking on or off upstream, in the upstream's dialect.
 
@@ -166,7 +166,7 @@ def apply_reasoning_parameters(
 
 
 def _without_disabled_groups(tools: list[dict[str, Any]], model: str,
-                             settings: Settings) -> list[dict[str, Any]]:
+                             settings: ProviderSettings) -> list[dict[str, Any]]:
     if not tools or not settings.tool_groups_disabled:
         return tools
     match = disabled_groups(settings.tool_groups_disabled, settings.provider_name, model)
@@ -193,7 +193,7 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
         body["user"] = metadata["user_id"]
 
 
-def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: Settings) -> None:
+def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: ProviderSettings) -> None:
     loaded = referenced_tool_names(request["messages"])
     tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), body["model"],
                                      settings)
