@@ -47,7 +47,8 @@ class RequestRecord:
         failover = ("failover=" + "->".join([*self.failover, self.provider]) + " "
                     if self.failover else "")
         return (f"request_id={self.request_id} {self.method} {self.path} "
-                f"provider={self.provider} route={self.route} {failover}model={self.client_model}->{self.upstream_model} status={self.status} "
+                f"provider={self.provider} route={self.route} {failover}"
+                f"model={self.client_model}->{self.upstream_model} status={self.status} "
                 f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
                 f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}")
 

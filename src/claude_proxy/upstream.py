@@ -94,7 +94,8 @@ class UpstreamStream:
 
 class OpenAIClient:
     def __init__(self, settings: ProviderSettings,
-                 transport: httpx.AsyncBaseTransport | None = None, on_retry: Callable[[], None] | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 on_retry: Callable[[], None] | None = None):
         self._on_retry = on_retry
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
                                    settings.retry_max_delay)
