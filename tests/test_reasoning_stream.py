@@ -165,7 +165,11 @@ def test_encrypted_reasoning_never_becomes_thinking_text(
     proxy = reasoning_proxy(proxy_factory, "openrouter", "google/gemini-3.1-flash-lite-preview")
     message = stream_message(proxy, messages=replay("openrouter-gemini-encrypted-reasoning-tools"),
                              tools=[BASH], **ADAPTIVE_HIGH)
-    assert [b.type for b in message.content] == ["tool_use", "tool_use"]
+    # Issue 10: the encrypted entry travels in an empty thinking block's signature.
+    assert [b.type for b in message.content] == ["thinking", "tool_use", "tool_use"]
+    assert message.content[0].thinking == ""
+    envelope = SIGNER.verify("", message.content[0].signature)
+    assert envelope is not None and envelope.opaque[0]["type"] == "reasoning.encrypted"
 
 
 def test_mid_stream_failure_with_open_thinking_block(

@@ -12,6 +12,8 @@ import threading
 from typing import Any
 
 REASONING = "reasoning"
+SUMMARY = "reasoning.summary"
+"""Responses API: reasoning summaries refused (an organisation not verified for them)."""
 # Fields the proxy adds that some OpenAI-compatible servers do not know (older Azure
 # api-versions and vLLM/Ollama builds reject stream_options, some reject user).
 OPTIONAL_FIELDS = ("stream_options", "parallel_tool_calls", "user")

@@ -79,7 +79,7 @@ def startup_line(settings: Settings, host: str, port: int, workers: int) -> str:
     reasoning = (f"dialect {settings.dialect} for "
                  f"{','.join(settings.chat_prefixes + settings.model_prefixes) or 'no model'}, "
                  f"passback {settings.passback}, with tools "
-                 f"{'on' if settings.reasoning_with_tools else 'off'}")
+                 f"{'on' if settings.reasons_with_tools else 'off'}")
     return (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''}) -> {settings.openai_base_url} "
             f"(provider {settings.provider_name}); models opus={settings.model_for_tier('big')} "

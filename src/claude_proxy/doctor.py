@@ -133,7 +133,7 @@ async def diagnose(settings: Settings) -> tuple[list[str], bool]:
              f"(provider {settings.provider_name})",
              f"    {'configuration':<14} {'ok':<5} key {'set' if settings.secrets() else 'unset'}"
              f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
-             f"{'on' if settings.reasoning_with_tools else 'off'}"]
+             f"{'on' if settings.reasons_with_tools else 'off'}"]
     client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
     ok = True
     try:

@@ -8,18 +8,21 @@ one place.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 from claude_proxy.access import current_record, record_usage
 from claude_proxy.capabilities import (
     OPTIONAL_FIELDS,
     REASONING,
+    SUMMARY,
     Refusals,
     names_added_field,
     refused_optional_fields,
 )
 from claude_proxy.config import Settings
+from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import (
     UpstreamRequest,
     convert_request,
@@ -30,11 +33,12 @@ from claude_proxy.conversion.response_converter import (
     collect_message,
     convert_chunks,
 )
-from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
+from claude_proxy.upstreams import chat_completions, responses
 
 logger = logging.getLogger("claude_proxy.service")
 
@@ -58,26 +62,59 @@ class MessagesService:
         if not signature:
             return True
         return isinstance(signature, str) and self.signer.verify(
-            str(block.get("thinking", "")), signature)
+            str(block.get("thinking", "")), signature) is not None
+
+    def origin(self, model: str) -> Origin:
+        """Who answers with this upstream model: the provider, the model and a fingerprint of
+        the key. Thinking blocks carry it; their opaque reasoning goes back only to it."""
+        key = self.settings.openai_api_key.get_secret_value()
+        return Origin(self.settings.provider_name, model, self.signer.key_fingerprint(key))
+
+    def opaque_for(self, origin: Origin) -> OpaqueFor:
+        """A block's opaque reasoning items if its envelope verifies and names `origin`;
+        none for a tampered, foreign or plain block."""
+        def opaque(block: dict[str, Any]) -> list[dict[str, Any]]:
+            signature = block.get("signature")
+            if not isinstance(signature, str) or not signature:
+                return []
+            envelope = self.signer.verify(str(block.get("thinking", "")), signature)
+            if envelope is None or envelope.origin != origin:
+                return []
+            return envelope.opaque
+        return opaque
 
     def convert(self, body: dict[str, Any]) -> UpstreamRequest:
-        """The upstream request, minus whatever this model is known to refuse."""
+        """The upstream request, minus whatever this model is known to refuse. The one place
+        that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
+        RESPONSES_API=false), /chat/completions for the rest."""
         model = map_model(body["model"], self.settings)
         record = current_record()
         record.client_model, record.upstream_model = body["model"], model
         record.stream = bool(body.get("stream"))
-        upstream = convert_request(body, self.settings, is_ours=self.is_ours,
-                                   without_reasoning=self.refusals.refuses(model, REASONING))
+        opaque_for = self.opaque_for(self.origin(model))
+        if responses.uses_responses(model, self.settings):
+            upstream = responses.convert_request(
+                body, self.settings, opaque_for=opaque_for,
+                without_reasoning=self.refusals.refuses(model, REASONING),
+                without_summary=self.refusals.refuses(model, SUMMARY))
+        else:
+            upstream = convert_request(body, self.settings, is_ours=self.is_ours,
+                                       opaque_for=opaque_for,
+                                       without_reasoning=self.refusals.refuses(model, REASONING))
         for name in OPTIONAL_FIELDS:
             if self.refusals.refuses(model, name):
                 upstream.body.pop(name, None)
-        logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
+        logger.debug("upstream request model=%s api=%s extra_json: %s", model, upstream.api,
+                     upstream.extras)
         return upstream
 
     def converter(self, body: dict[str, Any], upstream: UpstreamRequest) -> StreamConverter:
+        origin = self.origin(map_model(body["model"], self.settings))
+        parser = responses.ResponsesParser() if upstream.api == "responses" else None
         return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
-                               sign=self.signer.sign, think_tags=upstream.think_tags,
-                               show_inline_thinking=upstream.thinking)
+                               sign=partial(self.signer.sign, origin=origin),
+                               think_tags=upstream.think_tags, leading_think_tags=True,
+                               show_inline_thinking=upstream.thinking, parser=parser)
 
     async def _call(self, body: dict[str, Any],
                     send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
@@ -105,7 +142,7 @@ class MessagesService:
             refused = self._refused_fields(error, upstream)
             if not refused:
                 raise
-            model = upstream.body["model"]
+            model = map_model(body["model"], self.settings)
             what = (f"the reasoning fields {sorted(upstream.extras)}" if refused == [REASONING]
                     else ", ".join(refused))
             logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
@@ -119,6 +156,9 @@ class MessagesService:
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
         if error.status != 400:
             return []
+        if "summary" in upstream.extras.get("reasoning", {}) and responses.refused_summary(
+                error.message):
+            return [SUMMARY]
         optional = refused_optional_fields(error.message, upstream.body)
         if optional:
             return optional
@@ -129,6 +169,8 @@ class MessagesService:
     async def open_stream(self, body: dict[str, Any]) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
         def send(upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+            if upstream.api == "responses":
+                return self.client.open_response_stream(upstream.body)
             if upstream.buffered:
                 return self.client.open_buffered_stream(upstream.body)
             return self.client.open_stream(upstream.body)
@@ -138,9 +180,15 @@ class MessagesService:
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """A whole Message, for non-streaming clients."""
-        upstream, completion = await self._call(
-            body, lambda upstream: self.client.complete(upstream.body))
-        chunks = self.client._generate_buffered_stream_chunks(completion)
+        def send(upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
+            if upstream.api == "responses":
+                return self.client.respond(upstream.body)
+            return self.client.complete(upstream.body)
+
+        upstream, answer = await self._call(body, send)
+        chunks: Iterator[dict[str, Any]] = (
+            responses.response_events(answer) if upstream.api == "responses"
+            else chat_completions.buffered_chunks(answer))
         converter = self.converter(body, upstream)
         message = collect_message(convert_chunks(chunks, converter))
         record_usage(message["usage"], converter.reasoning_tokens())
