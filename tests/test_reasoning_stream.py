@@ -116,8 +116,10 @@ def test_xai_reasoning_effort_for_a_configured_chat_prefix(
 
 def test_azure_reasoning_model_gets_only_reasoning_effort(
         proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # Issue 10: gpt-5 goes to /responses unless RESPONSES_API=false; this is the chat path.
     proxy = proxy_factory(provider="azure", azure_api_version="2024-12-01-preview",
-                          middle_model="gpt-5-mini", reasoning_with_tools=True)
+                          middle_model="gpt-5-mini", reasoning_with_tools=True,
+                          responses_api=False)
     message = stream_message(proxy, messages=replay("azure-gpt5mini-tool"), tools=[BASH],
                              **ADAPTIVE_HIGH)
     request = upstream.requests[-1]

@@ -104,8 +104,8 @@ class MessagesService:
         for name in OPTIONAL_FIELDS:
             if self.refusals.refuses(model, name):
                 upstream.body.pop(name, None)
-        logger.debug("upstream request model=%s api=%s extra_json: %s", model, upstream.api,
-                     upstream.extras)
+        logger.debug("upstream request model=%s%s extra_json: %s", model,
+                     " api=responses" if upstream.api == "responses" else "", upstream.extras)
         return upstream
 
     def converter(self, body: dict[str, Any], upstream: UpstreamRequest) -> StreamConverter:
