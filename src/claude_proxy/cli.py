@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from claude_proxy import __version__
 from claude_proxy.app import create_app
 from claude_proxy.config import ProviderSettings, Settings, load_settings
+from claude_proxy.logs import configure_logging
 from claude_proxy.routing.config import (
     KEYLESS_PROFILES,
     ConfigurationError,
@@ -32,7 +33,6 @@ from claude_proxy.routing.config import (
     stray_provider_variables,
 )
 from claude_proxy.routing.router import Router
-from claude_proxy.logs import configure_logging
 
 logger = logging.getLogger("claude_proxy")
 

@@ -86,8 +86,11 @@ class ConfigFile(BaseSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings],
                                    init_settings: PydanticBaseSettingsSource,
-                                   *sources: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only what the TOML source read: the environment never fills the file's shape."""
         return (init_settings,)
 
 
