@@ -91,16 +91,19 @@ OpaqueFor = Callable[[Block], list[dict[str, Any]]]
 
 
 def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
+                    model: str | None = None,
                     opaque_for: OpaqueFor = lambda block: [],
                     without_reasoning: bool = False,
                     without_summary: bool = False) -> UpstreamRequest:
     """The /responses body for a validated Anthropic request.
 
-    `opaque_for` gives a thinking block's verified opaque items (only those this provider,
-    model and key produced); `without_reasoning` leaves the `reasoning` field out and
-    `without_summary` its `summary` (an organisation that may not get summaries).
+    `model` is the upstream model the router chose (default: the tier mapping; on Azure the
+    deployment of the base URL); `opaque_for` gives a thinking block's verified opaque items
+    (only those this provider, model and key produced); `without_reasoning` leaves the
+    `reasoning` field out and `without_summary` its `summary` (an organisation that may not
+    get summaries).
     """
-    model = endpoint(settings).deployment or map_model(request["model"], settings)
+    model = endpoint(settings).deployment or model or map_model(request["model"], settings)
     body: dict[str, Any] = {"model": model}
     instructions = convert_system(request.get("system"))
     if instructions is not None:
