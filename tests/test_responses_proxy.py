@@ -5,7 +5,10 @@ the scripted upstream behind, replaying the real OpenAI and OpenRouter recording
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -14,7 +17,7 @@ import pytest
 import yaml
 
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
-from tests.conftest import UPSTREAM_KEY, ProxyServer
+from tests.conftest import UPSTREAM_KEY, ProxyServer, clean_env
 from tests.scripted_upstream import (
     OPAQUE,
     Reply,
@@ -336,3 +339,42 @@ def test_think_tags_found_under_an_unrelated_model_name(
     disabled = ask(proxy, [{"role": "user", "content": f"SCENARIO:replay:{stem}"}], tools=[],
                    thinking={"type": "disabled"})
     assert disabled["content"] == [{"type": "text", "text": full[closing + len("</think>"):]}]
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def doctor_responder(body: dict[str, Any]) -> Reply:
+    """A /responses upstream for an organisation not verified for reasoning summaries."""
+    output: list[dict[str, Any]] = [{"type": "message", "id": "msg_d", "content": [
+        {"type": "output_text", "text": "ok"}]}]
+    if "summary" in body.get("reasoning", {}):
+        return error_reply(400, "Your organization must be verified to generate reasoning "
+                                "summaries. Please go to: https://platform.openai.com/settings")
+    if body.get("reasoning"):
+        output.insert(0, {"type": "reasoning", "id": "rs_d", "summary": [],
+                          "encrypted_content": "gAAAAB" + "x" * 94})
+    if body.get("tools"):
+        output = [{"type": "function_call", "id": "fc_d", "call_id": "call_d",
+                   "name": "get_time", "arguments": "{}"}]
+    return Reply(body={"object": "response", "status": "completed", "error": None,
+                       "output": output})
+
+
+def test_doctor_reports_summaries_refused_and_encrypted_reasoning(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.responder = doctor_responder
+    env = clean_env(tmp_path, OPENAI_API_KEY="k", OPENAI_BASE_URL=upstream.base_url,
+                    PROVIDER="openai", BIG_MODEL="gpt-5", MIDDLE_MODEL="gpt-5",
+                    SMALL_MODEL="gpt-5")
+    result = subprocess.run([sys.executable, "-m", "claude_proxy", "doctor"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "reachable      ok    Responses API" in out
+    assert ("summaries      warn  refused (Your organization must be verified to generate "
+            "reasoning summaries.") in out
+    assert ("encrypted      ok    1 reasoning item(s), 100 chars (carried back in the thinking "
+            "signature)") in out
+    assert "tools          ok    accepted; the model called get_time" in out
+    assert set(upstream.paths) == {"/v1/responses"}
