@@ -244,3 +244,58 @@ def test_envelope_round_trip_tamper_and_size() -> None:
     assert "sk-one" not in signature
     # 1,572 characters of encrypted content: the whole signature stays near that size.
     assert len(signature) < len(item["encrypted_content"]) * 1.2
+
+
+# ---------------------------------------------------------------- Chat Completions opaque state
+
+
+def chat_blocks(chunks: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
+    def sign(thinking: str, opaque: list[dict[str, Any]] | None = None, /) -> str:
+        return SIGNER.sign(thinking, opaque, origin=ORIGIN)
+    out = convert_chunks(chunks, StreamConverter("claude-sonnet-4-6", input_tokens=1, sign=sign,
+                                                 **options))
+    check_grammar([Event(event["type"], event) for event in out])
+    return list(collect_message(out)["content"])
+
+
+def test_openrouter_signed_text_fragments_merge_into_one_entry() -> None:
+    from tests.scripted_upstream import transcript_chunks
+    chunks = transcript_chunks("openrouter-claude-sonnet45-reasoning")
+    details = [d for c in chunks for choice in c.get("choices") or []
+               for d in (choice.get("delta") or {}).get("reasoning_details") or []]
+    thinking = chat_blocks(chunks)[0]
+    envelope = SIGNER.verify(thinking["thinking"], thinking["signature"])
+    assert envelope is not None
+    signature = next(d["signature"] for d in details if d.get("signature"))
+    assert envelope.opaque == [{"type": "reasoning.text",
+                                "text": "".join(d.get("text", "") for d in details),
+                                "signature": signature, "format": "anthropic-claude-v1",
+                                "index": 0}]
+    assert thinking["thinking"] == envelope.opaque[0]["text"]
+
+
+def content_chunks(*pieces: str) -> list[dict[str, Any]]:
+    return [{"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+            for p in pieces] + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+
+
+@pytest.mark.parametrize(("pieces", "expected"), [
+    (["\n <th", "ink>a</th", "ink>b"], [("thinking", "a"), ("text", "b")]),
+    (["◁think▷k◁/think▷x"], [("thinking", "k"), ("text", "x")]),
+    (["<", "b>bold</b>"], [("text", "<b>bold</b>")]),
+    (["answer <think>not at the start</think>"],
+     [("text", "answer <think>not at the start</think>")]),
+    (["<thi"], [("text", "<thi")]),
+])
+def test_leading_think_tag_without_configuration(pieces: list[str],
+                                                  expected: list[tuple[str, str]]) -> None:
+    blocks = chat_blocks(content_chunks(*pieces), leading_think_tags=True)
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in blocks] == expected
+
+
+def test_leading_think_tag_after_a_reasoning_field_stays_text() -> None:
+    chunks = [{"choices": [{"index": 0, "delta": {"reasoning": "r"}, "finish_reason": None}]},
+              *content_chunks("<think>x</think>y")]
+    blocks = chat_blocks(chunks, leading_think_tags=True)
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in blocks] == [
+        ("thinking", "r"), ("text", "<think>x</think>y")]
