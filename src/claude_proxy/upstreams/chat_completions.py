@@ -195,10 +195,7 @@ class ChatCompletionsParser:
 
     def flush(self) -> list[Delta]:
         """What is still held at the end of the stream (a partial tag, opaque entries)."""
-        deltas: list[Delta] = []
-        if self._sniffer is not None and self._sniffer.decided is None and self._sniffer.held:
-            deltas.append(Text(self._sniffer.held))
-            self._sniffer.held = ""
+        deltas = self._undecided_text()
         if self._splitter is not None:
             deltas.extend(self._pieces(self._splitter.flush()))
         deltas.extend(self._details.take_opaque())
@@ -220,6 +217,7 @@ class ChatCompletionsParser:
         if isinstance(content, str) and content:
             deltas.extend(self._content(content))
         if isinstance(tool_calls, list):
+            deltas.extend(self._undecided_text())
             for fragment in tool_calls:
                 if isinstance(fragment, dict):
                     deltas.append(self._tool_piece(fragment))
@@ -247,6 +245,15 @@ class ChatCompletionsParser:
             return [Text(held)]
         self._splitter = ThinkTagSplitter()
         return self._pieces(self._splitter.feed(held))
+
+    def _undecided_text(self) -> list[Delta]:
+        """Content held while it might still open a tag, as text: a tool call or the end
+        came first, so it did not."""
+        sniffer = self._sniffer
+        if sniffer is None or sniffer.decided is not None or not sniffer.held:
+            return []
+        held, sniffer.held, sniffer.decided = sniffer.held, "", False
+        return [Text(held)]
 
     def _pieces(self, pieces: list[Piece]) -> list[Delta]:
         return [Text(text) if kind == "text"
