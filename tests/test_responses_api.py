@@ -299,3 +299,16 @@ def test_leading_think_tag_after_a_reasoning_field_stays_text() -> None:
     blocks = chat_blocks(chunks, leading_think_tags=True)
     assert [(b["type"], b.get("thinking", b.get("text"))) for b in blocks] == [
         ("thinking", "r"), ("text", "<think>x</think>y")]
+
+
+@pytest.mark.parametrize(("message", "refused"), [
+    ("Your organization must be verified to generate reasoning summaries.",
+     ["reasoning.summary"]),
+    ("Unsupported parameter: 'reasoning.effort' is not supported with this model.",
+     ["reasoning"]),
+    ("Item 'rs_1' of type 'reasoning' was provided without its required following item.", []),
+    ("Invalid type for 'input[2].content': expected text.", []),
+])
+def test_which_400s_refuse_added_fields(message: str, refused: list[str]) -> None:
+    extras = {"reasoning": {"effort": "high", "summary": "auto"}, "text.verbosity": "low"}
+    assert responses.refused_fields(message, extras) == refused

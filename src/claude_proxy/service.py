@@ -303,12 +303,11 @@ class MessagesService:
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
         if error.status != 400:
             return []
-        if "summary" in upstream.extras.get("reasoning", {}) and responses.refused_summary(
-                error.message):
-            return [SUMMARY]
         optional = refused_optional_fields(error.message, upstream.body)
         if optional:
             return optional
+        if upstream.api == "responses":
+            return responses.refused_fields(error.message, upstream.extras)
         if upstream.extras and names_added_field(error.message, upstream.extras):
             return [REASONING]
         return []

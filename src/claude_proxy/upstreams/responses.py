@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from claude_proxy.capabilities import REASONING, SUMMARY
 from claude_proxy.config import ProviderSettings, matches_prefix
 from claude_proxy.conversion.deltas import (
     Delta,
@@ -39,6 +40,7 @@ from claude_proxy.conversion.request_converter import (
     chat_tool_fields,
     clamp_max_tokens,
     map_model,
+    without_media,
 )
 from claude_proxy.upstreams.wire import Wire
 
@@ -108,7 +110,8 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
     instructions = convert_system(request.get("system"))
     if instructions is not None:
         body["instructions"] = instructions
-    body["input"] = input_items(request["messages"], opaque_for)
+    source = request["messages"] if settings.vision else without_media(request["messages"])
+    body["input"] = input_items(source, opaque_for)
     tools = chat_tool_fields(request, model, settings)
     if "tools" in tools:
         body["tools"] = [_flat_tool(tool) for tool in tools["tools"]]
@@ -126,10 +129,11 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
         reasoning: dict[str, Any] = {"effort": wanted.level}
         if not without_summary:
             reasoning["summary"] = "auto"
-        extras["reasoning"] = reasoning
-    if settings.reasoning_verbosity:
-        extras["text"] = {"verbosity": settings.reasoning_verbosity}
-    body.update(extras)
+        body["reasoning"] = extras["reasoning"] = reasoning
+    if settings.reasoning_verbosity and not without_reasoning:
+        # Named in full in `extras`: a refusal must name `text.verbosity`, not any "text".
+        body["text"] = {"verbosity": settings.reasoning_verbosity}
+        extras["text.verbosity"] = settings.reasoning_verbosity
     body["store"] = False
     body["include"] = ["reasoning.encrypted_content"]
     if request.get("stream"):
@@ -245,6 +249,21 @@ def _restored(block: Block, opaque_for: OpaqueFor,
 def refused_summary(message: str) -> bool:
     """A 400 that refuses reasoning summaries (an unverified organisation)."""
     return re.search(r"reasoning[ ._]summar", message, re.IGNORECASE) is not None
+
+
+_REFUSED_REASONING = re.compile(r"reasoning\.effort|text\.verbosity|parameter:? *'?reasoning\b",
+                                re.IGNORECASE)
+
+
+def refused_fields(message: str, extras: dict[str, Any]) -> list[str]:
+    """What a 400 refuses of the fields the proxy added: the summary, or the reasoning fields
+    (a parameter error naming them; errors about `reasoning` input items are not that)."""
+    reasoning = extras.get("reasoning")
+    if isinstance(reasoning, dict) and "summary" in reasoning and refused_summary(message):
+        return [SUMMARY]
+    if extras and _REFUSED_REASONING.search(message):
+        return [REASONING]
+    return []
 
 
 # ---------------------------------------------------------------- response
