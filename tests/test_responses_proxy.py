@@ -378,3 +378,35 @@ def test_doctor_reports_summaries_refused_and_encrypted_reasoning(
             "signature)") in out
     assert "tools          ok    accepted; the model called get_time" in out
     assert set(upstream.paths) == {"/v1/responses"}
+
+
+def test_recorded_gpt5_tool_turn_and_the_request_that_sent_it_back(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    """pydantic-ai's gpt-5 cassette (stored parsed, so served re-serialised): the proxy's
+    second request carries what the recorded second request carried, reasoning item first."""
+    data = yaml.safe_load((OPAQUE / "openai-responses-nonstream-tool-passback.yaml").read_text())
+    first, second = data["interactions"]
+    upstream.queue(Reply(body=first["response"]["parsed_body"]),
+                   Reply(body=second["response"]["parsed_body"]))
+    recorded = first["request"]["parsed_body"]
+    plan = {"name": "update_plan", "input_schema": recorded["tools"][0]["parameters"]}
+    proxy = responses_proxy(proxy_factory, model="gpt-5")
+    messages: list[dict[str, Any]] = [{"role": "user",
+                                       "content": recorded["input"][0]["content"]}]
+    answer = ask(proxy, messages, stream=False, max_tokens=4000, tools=[plan],
+                 system=recorded["instructions"])
+    assert [b["type"] for b in answer["content"]] == ["thinking", "tool_use"]
+    summary = first["response"]["parsed_body"]["output"][0]["summary"]
+    assert answer["content"][0]["thinking"] == "\n\n".join(part["text"] for part in summary)
+    tool = answer["content"][1]
+    messages += [{"role": "assistant", "content": answer["content"]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool["id"],
+                                               "content": "plan updated"}]}]
+    final = ask(proxy, messages, stream=False, max_tokens=4000, tools=[plan],
+                system=recorded["instructions"])
+    assert blocks(final, "text")[0]["text"].startswith("Softly")
+    sent = upstream.requests[1]
+    assert sent["instructions"] == recorded["instructions"]
+    expected = [dict(item) for item in second["request"]["parsed_body"]["input"]]
+    expected[1]["summary"] = []  # the summary text is shown, not carried back
+    assert sent["input"] == expected
