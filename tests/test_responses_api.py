@@ -312,3 +312,12 @@ def test_leading_think_tag_after_a_reasoning_field_stays_text() -> None:
 def test_which_400s_refuse_added_fields(message: str, refused: list[str]) -> None:
     extras = {"reasoning": {"effort": "high", "summary": "auto"}, "text.verbosity": "low"}
     assert responses.refused_fields(message, extras) == refused
+
+
+def test_thinking_off_asks_for_no_reasoning_and_carries_none() -> None:
+    request = {"model": "gpt-5", "max_tokens": 500, "thinking": {"type": "disabled"},
+               "messages": [{"role": "user", "content": "hi"}]}
+    upstream = responses.convert_request(request, settings())
+    assert upstream.body == {"model": "gpt-5", "input": [{"role": "user", "content": "hi"}],
+                             "max_output_tokens": 500, "store": False}
+    assert not upstream.thinking and upstream.extras == {}

@@ -135,7 +135,9 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
         body["text"] = {"verbosity": settings.reasoning_verbosity}
         extras["text.verbosity"] = settings.reasoning_verbosity
     body["store"] = False
-    body["include"] = ["reasoning.encrypted_content"]
+    if on:
+        # Thinking blocks (and the state they carry) only for a client that wants thinking.
+        body["include"] = ["reasoning.encrypted_content"]
     if request.get("stream"):
         body["stream"] = True
     return UpstreamRequest(body, extras=extras, thinking=on, api="responses")
