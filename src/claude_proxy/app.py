@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.access import AccessLogMiddleware
 from claude_proxy.config import Settings
+from claude_proxy.conversion.caching import SESSION_HEADER, session_cache_key
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
@@ -137,13 +138,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         body = validate_request(MessagesRequest, payload)
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
+        cache_key = session_cache_key(request.headers.get(SESSION_HEADER), body)
         if body.get("stream"):
-            converter, stream = await before_first_byte(request, service.open_stream(body),
-                                                        deadline)
+            converter, stream = await before_first_byte(
+                request, service.open_stream(body, cache_key), deadline)
             return EventSourceResponse(relay_events(converter, stream, deadline, metrics),
                                        sep="\n",
                                        background=BackgroundTask(stream.aclose))
-        return json_response(await before_first_byte(request, service.create(body), deadline))
+        return json_response(await before_first_byte(request, service.create(body, cache_key),
+                                                     deadline))
 
     return app
 

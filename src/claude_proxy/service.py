@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 from claude_proxy.access import current_record, record_usage
 from claude_proxy.capabilities import (
-    OPTIONAL_FIELDS,
     REASONING,
     Refusals,
+    drop_refused,
     names_added_field,
     refused_optional_fields,
 )
@@ -60,17 +60,16 @@ class MessagesService:
         return isinstance(signature, str) and self.signer.verify(
             str(block.get("thinking", "")), signature)
 
-    def convert(self, body: dict[str, Any]) -> UpstreamRequest:
+    def convert(self, body: dict[str, Any], cache_key: str | None = None) -> UpstreamRequest:
         """The upstream request, minus whatever this model is known to refuse."""
         model = map_model(body["model"], self.settings)
         record = current_record()
         record.client_model, record.upstream_model = body["model"], model
         record.stream = bool(body.get("stream"))
         upstream = convert_request(body, self.settings, is_ours=self.is_ours,
-                                   without_reasoning=self.refusals.refuses(model, REASONING))
-        for name in OPTIONAL_FIELDS:
-            if self.refusals.refuses(model, name):
-                upstream.body.pop(name, None)
+                                   without_reasoning=self.refusals.refuses(model, REASONING),
+                                   cache_key=cache_key)
+        drop_refused(upstream.body, lambda name: self.refusals.refuses(model, name))
         logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
         return upstream
 
@@ -79,11 +78,11 @@ class MessagesService:
                                sign=self.signer.sign, think_tags=upstream.think_tags,
                                show_inline_thinking=upstream.thinking)
 
-    async def _call(self, body: dict[str, Any],
-                    send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
+    async def _call(self, body: dict[str, Any], send: Callable[[UpstreamRequest], Awaitable[T]],
+                    cache_key: str | None = None) -> tuple[UpstreamRequest, T]:
         """Send, rewording a context overflow the way Claude Code understands."""
         try:
-            return await self._send_with_fallback(body, send)
+            return await self._send_with_fallback(body, send, cache_key)
         except ProxyError as error:
             self.metrics.count_upstream_error(error.error_type)
             overflow = context_overflow(error, estimate_request_tokens(body))
@@ -94,11 +93,12 @@ class MessagesService:
             raise overflow from None
 
     async def _send_with_fallback(
-            self, body: dict[str, Any],
-            send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
-        """Send; if the upstream refuses a field we added (an optional OpenAI field, or the
-        reasoning fields), remember that for the model and send once more without it."""
-        upstream = self.convert(body)
+            self, body: dict[str, Any], send: Callable[[UpstreamRequest], Awaitable[T]],
+            cache_key: str | None = None) -> tuple[UpstreamRequest, T]:
+        """Send; if the upstream refuses a field we added (an optional OpenAI field, the cache
+        breakpoints, the reasoning fields), remember that for the model and send once more
+        without it."""
+        upstream = self.convert(body, cache_key)
         try:
             return upstream, await send(upstream)
         except ProxyError as error:
@@ -112,7 +112,7 @@ class MessagesService:
                            "it out for this model from now on", model, what, error.message)
             for field in refused:
                 self.refusals.remember(model, field)
-            upstream = self.convert(body)
+            upstream = self.convert(body, cache_key)
             return upstream, await send(upstream)
 
     @staticmethod
@@ -126,20 +126,22 @@ class MessagesService:
             return [REASONING]
         return []
 
-    async def open_stream(self, body: dict[str, Any]) -> tuple[StreamConverter, UpstreamStream]:
-        """The upstream stream, opened (errors before the first byte raise ProxyError)."""
+    async def open_stream(self, body: dict[str, Any], cache_key: str | None = None
+                          ) -> tuple[StreamConverter, UpstreamStream]:
+        """The upstream stream, opened (errors before the first byte raise ProxyError).
+        `cache_key`: the session's prompt-cache key (`caching.session_cache_key`)."""
         def send(upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
             if upstream.buffered:
                 return self.client.open_buffered_stream(upstream.body)
             return self.client.open_stream(upstream.body)
 
-        upstream, stream = await self._call(body, send)
+        upstream, stream = await self._call(body, send, cache_key)
         return self.converter(body, upstream), stream
 
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, body: dict[str, Any], cache_key: str | None = None) -> dict[str, Any]:
         """A whole Message, for non-streaming clients."""
         upstream, completion = await self._call(
-            body, lambda upstream: self.client.complete(upstream.body))
+            body, lambda upstream: self.client.complete(upstream.body), cache_key)
         chunks = self.client._generate_buffered_stream_chunks(completion)
         converter = self.converter(body, upstream)
         message = collect_message(convert_chunks(chunks, converter))
