@@ -17,8 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -28,6 +26,9 @@ from tests.scripted_upstream import (
     stop_server,
     text_stream,
 )
+
+from claude_proxy.app import create_app
+from claude_proxy.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_FILE = ROOT / "bench" / "data" / "claude-code-session-10-turns.json"
@@ -80,7 +81,8 @@ class Recorder:
         async def replay() -> dict[str, Any]:
             nonlocal replayed
             if replayed:
-                return await receive()
+                message: dict[str, Any] = await receive()
+                return message
             replayed = True
             return {"type": "http.request", "body": b"".join(received), "more_body": False}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,9 @@ def run_session(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
                                 name=f"cache-{upstream.label}") as server:
                 with start_proxy(workdir, server.url, env=upstream.proxy_env(),
                                  name=f"session-{upstream.label}") as proxy:
-                    proxied = replay(lambda turn: streamed_usage(client, proxy.url, turn), turns)
-                base = server.url.removesuffix("/v1")
-                direct = replay(lambda turn: direct_usage(client, base, turn), turns)
+                    proxied = replay(partial(streamed_usage, client, proxy.url), turns)
+                direct = replay(partial(direct_usage, client, server.url.removesuffix("/v1")),
+                                turns)
             results[upstream.name] = {"cache": upstream.cache,
                                       "model": upstream.settings["MODEL"],
                                       "proxy": proxied, "direct": direct}
