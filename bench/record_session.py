@@ -3,7 +3,7 @@
 Runs the real Claude Code (`$CLAUDE_BIN`, installed by `make test`) against the proxy, itself
 in front of a scripted upstream that asks for nine `echo` tool calls and then answers. Every
 `POST /v1/messages` Claude Code sends is kept as it arrived (the session header and the body)
-in `bench/data/claude-code-session-10-turns.json`, which `bench/session.py` replays.
+in `tests/data/fixtures/claude-code-2.1.328-session-10-turns.json`, which `bench/session.py` replays.
 
 Run: `.venv/bin/python -m bench.record_session` (needs Claude Code; loopback only).
 """
@@ -31,7 +31,7 @@ from claude_proxy.app import create_app
 from claude_proxy.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-SESSION_FILE = ROOT / "bench" / "data" / "claude-code-session-10-turns.json"
+SESSION_FILE = ROOT / "tests/data/fixtures/claude-code-2.1.328-session-10-turns.json"
 CLAUDE_BIN = Path(os.environ.get(
     "CLAUDE_BIN",
     ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))

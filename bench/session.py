@@ -1,6 +1,6 @@
 """The session figure: how much of a Claude Code session's input is read from cache.
 
-A recorded 10-turn Claude Code 2.1.328 session (`bench/data/`, made by
+A recorded 10-turn Claude Code 2.1.328 session (`tests/data/fixtures/`, made by
 `bench/record_session.py`) is replayed turn by turn through a real proxy process to a scripted
 upstream that caches like a real one (`bench/cache_upstream.py`), and reported from the usage
 Claude Code would see (the final `message_delta`). DIRECT sends the same recorded requests to
@@ -24,7 +24,8 @@ import orjson
 
 from bench.procs import start_proxy, start_upstream
 
-SESSION_FILE = Path(__file__).resolve().parent / "data" / "claude-code-session-10-turns.json"
+SESSION_FILE = (Path(__file__).resolve().parent.parent / "tests" / "data" / "fixtures"
+                / "claude-code-2.1.328-session-10-turns.json")
 SESSION_HEADER = "X-Claude-Code-Session-Id"
 TARGET_SHARE = 0.9
 
