@@ -540,6 +540,9 @@ def test_cache_reads_and_writes_in_the_access_line_and_metrics(
     assert 'claude_proxy_tokens_total{kind="cache_read"} 10318.0' in text
     assert 'claude_proxy_tokens_total{kind="cache_write"} 100.0' in text
     assert 'claude_proxy_tokens_total{kind="cached"} 10318.0' in text
+    detail = httpx.get(f"{proxy.url}/health?detail=1").json()["providers"]["openai"]
+    assert detail["prompt_cache"] == {"prompt_tokens": 10533, "cache_read_tokens": 10318,
+                                      "cache_hit_ratio": round(10318 / 10533, 4)}
 
 
 def test_cache_hit_ratio_per_provider() -> None:

@@ -26,7 +26,6 @@ from typing import Any
 
 from claude_proxy.config import CacheMode, ProviderSettings
 
-SESSION_HEADER = "x-claude-code-session-id"
 MAX_BREAKPOINTS = 4
 # TTLs OpenRouter passes to Anthropic; everywhere else the marker is just `ephemeral`.
 ANTHROPIC_TTLS = ("5m", "1h")
