@@ -3,7 +3,8 @@
 Runs the real Claude Code (`$CLAUDE_BIN`, installed by `make test`) against the proxy, itself
 in front of a scripted upstream that asks for nine `echo` tool calls and then answers. Every
 `POST /v1/messages` Claude Code sends is kept as it arrived (the session header and the body)
-in `tests/data/fixtures/claude-code-2.1.328-session-10-turns.json`, which `bench/session.py` replays.
+in `tests/data/fixtures/claude-code-2.1.328-session-10-turns.json`, which `bench/session.py`
+replays.
 
 Run: `.venv/bin/python -m bench.record_session` (needs Claude Code; loopback only).
 """
@@ -18,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.scripted_upstream import (
-    Reply,
     ScriptedUpstream,
     bind_loopback,
-    chunk,
+    echo_loop,
     serve_in_thread,
     stop_server,
-    text_stream,
 )
 
 from claude_proxy.app import create_app
@@ -38,22 +37,6 @@ CLAUDE_BIN = Path(os.environ.get(
 TURNS = 10
 PROMPT = ("Run `echo step-1` with Bash, then keep going: each time run echo with the next "
           "step number, until step 9, then tell me you are done.")
-
-
-def respond(body: dict[str, Any]) -> Reply:
-    """A tool call per turn (with a line of text before it), then a final answer."""
-    done = sum(1 for message in body["messages"] if message["role"] == "tool")
-    if done >= TURNS - 1:
-        return text_stream([f"All {done} steps ran; ", "the last one printed step-9."])
-    step = done + 1
-    arguments = json.dumps({"command": f"echo step-{step}",
-                            "description": f"Print step {step}"})
-    return Reply(events=[
-        chunk({"role": "assistant", "content": f"Running step {step} of {TURNS - 1}."}),
-        chunk({"tool_calls": [{"index": 0, "id": f"call_step_{step}", "type": "function",
-                               "function": {"name": "Bash", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
-        chunk({}, "tool_calls")])
 
 
 class Recorder:
@@ -91,7 +74,7 @@ class Recorder:
 
 def record() -> list[dict[str, Any]]:
     upstream = ScriptedUpstream().start()
-    upstream.responder = respond
+    upstream.responder = echo_loop(TURNS, "All 9 steps ran; the last one printed step-9.")
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(openai_base_url=upstream.base_url, openai_api_key="sk-record",
                             provider="openai", log_file=str(Path(tmp) / "proxy.log"))

@@ -9,13 +9,12 @@ import json
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from tests.conftest import ProxyServer
-from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, text_stream
+from tests.scripted_upstream import ScriptedUpstream, echo_loop, text_stream
 from tests.test_claude_code import CLAUDE_BIN, run_claude
 from tests.test_prompt_caching import (
     EPHEMERAL,
@@ -33,23 +32,6 @@ pytestmark = [
 USAGE = {"prompt_tokens": 21000, "completion_tokens": 9, "total_tokens": 21009,
          "prompt_tokens_details": {"cached_tokens": 18000, "cache_write_tokens": 2500}}
 STEPS = 5
-
-
-def loop_responder(steps: int) -> Callable[[dict[str, Any]], Reply]:
-    """`steps - 1` echo tool calls (with a line of text each), then an answer."""
-    def respond(body: dict[str, Any]) -> Reply:
-        done = sum(1 for message in body["messages"] if message["role"] == "tool")
-        if done >= steps - 1:
-            return text_stream(["All steps ran."])
-        step = done + 1
-        arguments = json.dumps({"command": f"echo step-{step}",
-                                "description": f"Print step {step}"})
-        return Reply(events=[
-            chunk({"role": "assistant", "content": f"Running step {step}."}),
-            chunk({"tool_calls": [{"index": 0, "id": f"call_step_{step}", "type": "function",
-                                   "function": {"name": "Bash", "arguments": arguments}}]}),
-            chunk({}, "tool_calls")])
-    return respond
 
 
 def test_breakpoints_reach_openrouter_and_claude_code_reports_the_cache(
@@ -83,7 +65,7 @@ def test_five_step_loop_keeps_every_prefix(
         shape: str, tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
         upstream: ScriptedUpstream) -> None:
     proxy = proxy_factory(**shape_settings(shape))
-    upstream.responder = loop_responder(STEPS)
+    upstream.responder = echo_loop(STEPS, "All steps ran.")
     lines = run_claude(tmp_path, proxy, "run five steps", "--allowedTools", "Bash(echo:*)")
     assert lines[-1]["result"] == "All steps ran." and lines[-1]["num_turns"] == STEPS
     bodies = upstream.requests
