@@ -10,16 +10,18 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config import ProviderSettings, Settings
 from claude_proxy.conversion.caching import cache_mode, takes_cache_key
 from claude_proxy.metrics import CacheStats
-from tests.conftest import ProxyServer, load_fixture
+from claude_proxy.routing.config import load_config_file
+from tests.conftest import ProxyServer, eventually, load_fixture
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -136,12 +138,21 @@ def test_default_mode_by_profile_and_model(shape: str, mode: str) -> None:
 
 
 def test_prompt_cache_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from claude_proxy.config import Settings
     monkeypatch.setenv("PROMPT_CACHE", "Last_Breakpoint")
     assert Settings().prompt_cache == "last_breakpoint"
     monkeypatch.setenv("PROMPT_CACHE", "sometimes")
     with pytest.raises(ValueError, match="prompt_cache"):
         Settings()
+
+
+def test_prompt_cache_in_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.toml"
+    path.write_text('[providers.router]\nprovider = "openrouter"\nopenai_api_key = "sk-x"\n'
+                    'prompt_cache = "off"\n[providers.qwen]\nprovider = "dashscope"\n'
+                    'openai_api_key = "sk-y"\n', encoding="utf-8")
+    providers = load_config_file(path, Settings()).providers
+    assert cache_mode(providers["router"], "anthropic/claude-sonnet-4.6") == "off"
+    assert cache_mode(providers["qwen"], "qwen3-max") == "breakpoints"
 
 
 @pytest.mark.parametrize(("url", "takes"), [
@@ -530,7 +541,6 @@ def test_cache_reads_and_writes_in_the_access_line_and_metrics(
         def logged() -> list[str]:
             return [r.getMessage() for r in caplog.records if r.name == "claude_proxy.access"]
 
-        from tests.conftest import eventually
         assert eventually(lambda: len(logged()) == 2)
     assert logged()[0].endswith("cache_read=0 cache_write=100 input=94 output=5 reasoning=0 "
                                 "cached=0")
