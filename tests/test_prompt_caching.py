@@ -535,19 +535,26 @@ def test_cache_reads_and_writes_in_the_access_line_and_metrics(
     body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}
     with caplog.at_level("INFO", logger="claude_proxy.access"):
-        usage_of(proxy, body)
-        usage_of(proxy, body)
+        ids = [httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=30).headers[
+            "request-id"] for _ in range(2)]
 
-        def logged() -> list[str]:
-            return [r.getMessage() for r in caplog.records if r.name == "claude_proxy.access"]
+        def line(request_id: str) -> str | None:
+            return next((r.getMessage() for r in caplog.records
+                         if r.name == "claude_proxy.access"
+                         and r.getMessage().startswith(f"request_id={request_id} ")), None)
 
-        assert eventually(lambda: len(logged()) == 2)
-    assert logged()[0].endswith("cache_read=0 cache_write=100 input=94 output=5 reasoning=0 "
-                                "cached=0")
-    assert logged()[1].endswith("cache_read=10318 cache_write=0 input=21 output=60 "
-                                "reasoning=0 cached=10318")
+        assert eventually(lambda: all(line(request_id) for request_id in ids))
+    assert str(line(ids[0])).endswith(
+        "cache_read=0 cache_write=100 input=94 output=5 reasoning=0 cached=0")
+    assert str(line(ids[1])).endswith(
+        "cache_read=10318 cache_write=0 input=21 output=60 reasoning=0 cached=10318")
+
+    def metrics_counted() -> bool:
+        return 'claude_proxy_tokens_total{kind="cache_read"} 10318.0' in httpx.get(
+            f"{proxy.url}/metrics").text
+
+    assert eventually(metrics_counted)
     text = httpx.get(f"{proxy.url}/metrics").text
-    assert 'claude_proxy_tokens_total{kind="cache_read"} 10318.0' in text
     assert 'claude_proxy_tokens_total{kind="cache_write"} 100.0' in text
     assert 'claude_proxy_tokens_total{kind="cached"} 10318.0' in text
     detail = httpx.get(f"{proxy.url}/health?detail=1").json()["providers"]["openai"]

@@ -111,11 +111,11 @@ class AccessLogMiddleware:
         metrics.duration.labels(stream).observe(finished - record.started)
         if record.first_byte is not None:
             metrics.time_to_first_byte.labels(stream).observe(record.first_byte - record.started)
+        if record.tokens:
+            metrics.cache.observe(record.provider, record.tokens)
         for kind, count in record.tokens.items():
             if count:
                 metrics.tokens.labels(kind).inc(count)
-        if record.tokens:
-            metrics.cache.observe(record.provider, record.tokens)
 
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:
