@@ -327,7 +327,7 @@ def test_refused_prompt_cache_key_is_dropped_and_remembered(
 
 def test_refused_later_system_message_goes_in_place_as_user(
         proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
-    proxy = proxy_factory(**shape_settings("deepseek"))
+    proxy = proxy_factory(**shape_settings("moonshot"))
     upstream.responder = refusing(
         lambda body: [m["role"] for m in body["messages"]].count("system") > 1,
         "System message must be at the beginning.")
@@ -411,13 +411,17 @@ def test_each_upstream_body_begins_with_the_previous_ones_bytes(
         for before, after in pairwise(bodies):
             assert orjson.dumps(after["messages"]).startswith(
                 orjson.dumps(before["messages"])[:-1])
-    # The mid-conversation system message stays where Claude Code put it.
+    # The mid-conversation system message stays where Claude Code put it (DeepSeek: as a
+    # user message, or its template would move it to the front).
     for body in bodies:
         assert [m["role"] for m in body["messages"][:2]] == ["system", "user"]
-        assert body["messages"][2]["role"] == "system"
-        text = body["messages"][2]["content"]
+        role, text = body["messages"][2]["role"], body["messages"][2]["content"]
         text = text if isinstance(text, str) else text[0]["text"]
-        assert text.startswith("# Environment")
+        if shape == "deepseek":
+            assert role == "user" and text.startswith("<system-reminder>\n# Environment")
+            assert text.endswith("\n</system-reminder>")
+        else:
+            assert role == "system" and text.startswith("# Environment")
 
 
 # ---------------------------------------------------------------- usage

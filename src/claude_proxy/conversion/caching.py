@@ -14,7 +14,8 @@ Upstreams cache in one of two ways: on explicit breakpoints (OpenRouter's `anthr
 Automatic caching hits only while each request begins with the bytes of the one before, so
 the converter is deterministic (orjson, order kept), keeps mid-conversation system messages in
 place and leaves the billing header out; where a template refuses a later system message it is
-sent in place as a user message (`system_messages_as_user`, learned as a refusal).
+sent in place as a user message (`system_messages_as_user`, learned as a refusal), and so it is
+where a template would move it to the front (DeepSeek's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from claude_proxy.config import CacheMode, ProviderSettings
+from claude_proxy.config import CacheMode, ProviderSettings, matches_prefix
 
 MAX_BREAKPOINTS = 4
 # TTLs OpenRouter passes to Anthropic; everywhere else the marker is just `ephemeral`.
@@ -109,6 +110,8 @@ def apply_prompt_cache(body: dict[str, Any], client_tools: Any, settings: Provid
         strip_cache_control(body)
     if cache_key and mode != "off" and takes_cache_key(settings):
         body["prompt_cache_key"] = cache_key
+    if mode != "off" and hoists_system_messages(settings, body["model"]):
+        system_messages_as_user(body)
 
 
 def clean_marker(marker: dict[str, Any], keep_ttl: bool) -> dict[str, Any]:
@@ -155,6 +158,13 @@ def strip_cache_control(body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- system messages in place
+
+
+def hoists_system_messages(settings: ProviderSettings, model: str) -> bool:
+    """DeepSeek's chat template gathers every system message into the first one, so a later
+    one (Claude Code's reminders) lands at the front and changes the cached prefix on every
+    turn it appears (reported: 0% cache hits, against 97% with those messages as user)."""
+    return settings.provider_name == "deepseek" or matches_prefix(model, ("deepseek",))
 
 
 def has_system_after_first(body: dict[str, Any]) -> bool:
