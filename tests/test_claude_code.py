@@ -246,6 +246,8 @@ def test_responses_api_thinking_and_encrypted_reasoning_round_trip(
     assert upstream.paths == ["/v1/responses", "/v1/responses"]
     first, second = upstream.requests
     assert first["reasoning"]["summary"] == "auto" and first["store"] is False
+    assert first["prompt_cache_key"] == second["prompt_cache_key"]  # one session, one key
+    assert first["prompt_cache_key"].startswith("cc-")
     assert [item for item in second["input"] if item.get("type") == "reasoning"] == [
         {"type": "reasoning", "id": "rs_cc_1", "encrypted_content": ENCRYPTED, "summary": []}]
     assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"

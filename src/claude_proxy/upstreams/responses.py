@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from claude_proxy.capabilities import REASONING, SUMMARY
 from claude_proxy.config import ProviderSettings, matches_prefix
+from claude_proxy.conversion.caching import cache_mode, takes_cache_key
 from claude_proxy.conversion.deltas import (
     Delta,
     Finish,
@@ -96,14 +97,16 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
                     model: str | None = None,
                     opaque_for: OpaqueFor = lambda block: [],
                     without_reasoning: bool = False,
-                    without_summary: bool = False) -> UpstreamRequest:
+                    without_summary: bool = False,
+                    cache_key: str | None = None) -> UpstreamRequest:
     """The /responses body for a validated Anthropic request.
 
     `model` is the upstream model the router chose (default: the tier mapping; on Azure the
     deployment of the base URL); `opaque_for` gives a thinking block's verified opaque items
     (only those this provider, model and key produced); `without_reasoning` leaves the
     `reasoning` field out and `without_summary` its `summary` (an organisation that may not
-    get summaries).
+    get summaries); `cache_key` is the session's `prompt_cache_key` (no breakpoints here: the
+    Responses API caches prefixes on its own).
     """
     model = endpoint(settings).deployment or model or map_model(request["model"], settings)
     body: dict[str, Any] = {"model": model}
@@ -134,6 +137,8 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
         # Named in full in `extras`: a refusal must name `text.verbosity`, not any "text".
         body["text"] = {"verbosity": settings.reasoning_verbosity}
         extras["text.verbosity"] = settings.reasoning_verbosity
+    if cache_key and cache_mode(settings, model) != "off" and takes_cache_key(settings):
+        body["prompt_cache_key"] = cache_key
     body["store"] = False
     if on:
         # Thinking blocks (and the state they carry) only for a client that wants thinking.
