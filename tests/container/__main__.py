@@ -63,8 +63,9 @@ class Context:
     def image(self) -> dict[str, Any]:
         return self.engine.inspect("image", IMAGE)
 
-    def client(self, key: str = CLIENT_KEY) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=60)
+    def client(self, key: str = CLIENT_KEY, url: str = "") -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=url or self.url, api_key=key, max_retries=0,
+                                   timeout=60)
 
 
 # ------------------------------------------------------------------ the pieces it runs
@@ -121,12 +122,13 @@ def provider_env_file(directory: Path, upstream_url: str) -> Path:
     return path
 
 
-def start_container(context: Context, name: str, *extra: str) -> str:
-    """Start the image detached, published on a free host port; its URL once /health answers."""
+def start_container(context: Context, name: str, *extra: str, args: tuple[str, ...] = ()) -> str:
+    """Start the image detached (run flags `extra`, command `args`), published on a free host
+    port; its URL once /health answers."""
     port = free_port()
     flags, _ = context.engine.network_flags(port)
     started = context.engine("run", "--detach", "--name", name, "--env-file",
-                             str(context.env_file), *flags, *extra, IMAGE)
+                             str(context.env_file), *flags, *extra, IMAGE, *args)
     expect(started.returncode == 0, f"`{context.engine.name} run` failed: {started.stderr}")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -156,9 +158,9 @@ def check_health(context: Context) -> str:
     return f"{context.url}/health -> 200 {response.text}"
 
 
-def check_non_streamed(context: Context) -> str:
+def check_non_streamed(context: Context, url: str = "") -> str:
     recorded = load_transcript(JSON_STEM)["body"]["choices"][0]["message"]
-    message = context.client().messages.create(
+    message = context.client(url=url).messages.create(
         model="claude-opus-4-1", max_tokens=2048, thinking={"type": "enabled",
                                                             "budget_tokens": 1024},
         messages=[{"role": "user", "content": f"SCENARIO:replay:{JSON_STEM}"}])
@@ -211,9 +213,10 @@ def check_uid(context: Context) -> str:
 
 
 def check_healthcheck(context: Context) -> str:
-    image = context.image()  # podman has the healthcheck at the top, docker in Config
-    test = (image.get("Healthcheck") or (image.get("Config") or {}).get("Healthcheck")
-            or {}).get("Test")
+    # The container's config, started without health flags: the image's own HEALTHCHECK
+    # (the same place for docker and podman, which differ in the image's inspect output).
+    config = context.engine.inspect("container", context.container).get("Config") or {}
+    test = (config.get("Healthcheck") or {}).get("Test")
     expect(bool(test), "the image has no HEALTHCHECK (podman drops it without --format docker)")
     if context.engine.podman:
         result = context.engine("healthcheck", "run", context.container)
@@ -252,6 +255,20 @@ def check_unwritable_log_file(context: Context) -> str:
     return "serving; " + warning.split(": ", 1)[1]
 
 
+def check_as_kubernetes_runs_it(context: Context) -> str:
+    """As deploy/kubernetes.yaml runs it: two workers, read-only root, no capabilities."""
+    name = f"{context.container}-k8s"
+    try:
+        url = start_container(context, name, "--read-only", "--cap-drop", "ALL",
+                              "--security-opt", "no-new-privileges", args=("--workers", "2"))
+        answered = check_non_streamed(context, url)
+        logs = context.engine("logs", name).stdout
+    finally:
+        remove(context, name)
+    expect("(2 workers)" in logs, "not started with 2 workers")
+    return f"--workers 2, read-only root, no capabilities: {answered}"
+
+
 def check_logs_on_stdout(context: Context) -> str:
     logs = context.engine("logs", context.container)
     access = [line for line in logs.stdout.splitlines() if "claude_proxy.access" in line]
@@ -287,6 +304,7 @@ CHECKS: list[tuple[str, Callable[[Context], str]]] = [
     ("image HEALTHCHECK passes", check_healthcheck),
     ("claude-proxy doctor in the image", check_doctor),
     ("unwritable LOG_FILE is a warning", check_unwritable_log_file),
+    ("as deploy/kubernetes.yaml runs it", check_as_kubernetes_runs_it),
     ("logs go to stdout", check_logs_on_stdout),
     ("clean stop on SIGTERM within 10 s", check_sigterm),
 ]
