@@ -33,6 +33,10 @@ class RequestRecord:
     stream: bool = False
     client_model: str = "-"
     upstream_model: str = "-"
+    provider: str = "-"
+    route: str = "-"
+    failover: list[str] = field(default_factory=list)
+    """The providers tried before the one that answered, in order."""
     first_byte: float | None = None
     tokens: dict[str, int] = field(default_factory=dict)
 
@@ -40,7 +44,10 @@ class RequestRecord:
         ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
         tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}"
                           for kind in ("input", "output", "reasoning", "cached"))
+        failover = ("failover=" + "->".join([*self.failover, self.provider]) + " "
+                    if self.failover else "")
         return (f"request_id={self.request_id} {self.method} {self.path} "
+                f"provider={self.provider} route={self.route} {failover}"
                 f"model={self.client_model}->{self.upstream_model} status={self.status} "
                 f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
                 f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}")

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PrefixList = Annotated[list[str] | None, NoDecode]
@@ -110,16 +110,12 @@ def infer_provider(base_url: str) -> str:
     return "openai"
 
 
-class Settings(BaseSettings):
-    """Every knob of the proxy. Environment variables win over the `.env` file."""
+class ProviderSettings(BaseModel):
+    """Everything about one upstream: where it is, its key, its models, its reasoning dialect,
+    its limits and retries. Read from the environment for a single provider (`Settings`), or
+    from one `[providers.NAME]` table of a config file (same names, lower case)."""
 
-    model_config = SettingsConfigDict(
-        env_file=None,
-        env_file_encoding="utf-8",
-        extra="ignore",
-        case_sensitive=False,
-        populate_by_name=True,
-    )
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     openai_api_key: SecretStr = Field(default=SecretStr(""))
     openai_base_url: str = "https://api.openai.com/v1"
@@ -130,21 +126,13 @@ class Settings(BaseSettings):
     middle_model: str | None = None
     small_model: str | None = None
     provider_max_output_tokens: int | None = Field(default=None, ge=1)
-
-    anthropic_api_key: SecretStr | None = None
-
-    host: str = "0.0.0.0"
-    port: int = Field(default=8082, ge=0, le=65535)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    log_file: str = "logs/claude-proxy.log"
+    vision: bool = True
 
     request_timeout: float = Field(default=600.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
-    total_timeout: float = Field(default=1800.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
     retry_base_delay: float = Field(default=0.5, ge=0)
     retry_max_delay: float = Field(default=8.0, ge=0)
-    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
     reasoning_chat_prefixes: PrefixList = None
     reasoning_model_prefixes: PrefixList = None
@@ -156,13 +144,10 @@ class Settings(BaseSettings):
     reasoning_with_tools: bool = False
     reasoning_passback: Passback | None = None
     think_tag_prefixes: PrefixList = None
-    thinking_signature_secret: SecretStr | None = None
     buffer_stream_model_prefixes: PrefixList = None
 
-    tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
-        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
-    tool_group_patterns: dict[str, tuple[str, ...]] = Field(
-        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUP))
+    tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "buffer_stream_model_prefixes", mode="before")
@@ -180,11 +165,6 @@ class Settings(BaseSettings):
         if value == "":
             return None
         return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_log_level(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -276,13 +256,55 @@ class Settings(BaseSettings):
         return {"big": self.profile.big_model, "middle": self.profile.middle_model,
                 "small": self.profile.small_model}[tier]
 
+    def upstream_secrets(self) -> list[str]:
+        """This provider's secret values, for log and response redaction."""
+        key = self.openai_api_key.get_secret_value()
+        return [key] if key else []
+
+
+class Settings(BaseSettings, ProviderSettings):
+    """The process-wide knobs, read from the environment (and an optional `.env` file), plus
+    the single provider that the environment describes when no config file is used."""
+
+    model_config = SettingsConfigDict(
+        env_file=None,
+        env_file_encoding="utf-8",
+        extra="ignore",
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    anthropic_api_key: SecretStr | None = None
+    config_file: str | None = None
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8082, ge=0, le=65535)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_file: str = "logs/claude-proxy.log"
+
+    total_timeout: float = Field(default=1800.0, gt=0)
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    thinking_signature_secret: SecretStr | None = None
+
+    tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
+    tool_group_patterns: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUP))
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    def process_secrets(self) -> list[str]:
+        """The client key and the signing secret (never an upstream key)."""
+        return [secret.get_secret_value() for secret in (self.anthropic_api_key,
+                                                        self.thinking_signature_secret)
+                if secret is not None and secret.get_secret_value()]
+
     def secrets(self) -> list[str]:
         """Every configured secret value, for log and response redaction."""
-        values = [self.openai_api_key.get_secret_value()]
-        for secret in (self.anthropic_api_key, self.thinking_signature_secret):
-            if secret is not None:
-                values.append(secret.get_secret_value())
-        return [value for value in values if value]
+        return self.upstream_secrets() + self.process_secrets()
 
 
 def matches_prefix(model: str, prefixes: tuple[str, ...]) -> bool:

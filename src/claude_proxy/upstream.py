@@ -20,7 +20,7 @@ import orjson
 # httpx-sse's spec-compliant decoders, used directly so that parsing can follow network reads.
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
-from claude_proxy.config import Settings
+from claude_proxy.config import ProviderSettings
 from claude_proxy.conversion.response_converter import _merge_reasoning_fields
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
 from claude_proxy.logs import MIN_SECRET_LENGTH
@@ -93,7 +93,8 @@ class UpstreamStream:
 
 
 class OpenAIClient:
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
+    def __init__(self, settings: ProviderSettings,
+                 transport: httpx.AsyncBaseTransport | None = None,
                  on_retry: Callable[[], None] | None = None):
         self._on_retry = on_retry
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
@@ -105,10 +106,10 @@ class OpenAIClient:
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
-        self._secrets = settings.secrets()
+        self._secrets = settings.upstream_secrets()
 
     @staticmethod
-    def _auth_headers(settings: Settings) -> dict[str, str]:
+    def _auth_headers(settings: ProviderSettings) -> dict[str, str]:
         key = settings.openai_api_key.get_secret_value()
         headers = {"content-type": "application/json"}
         if not key:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from claude_proxy.config import Dialect, Passback, Settings
+from claude_proxy.config import Dialect, Passback, ProviderSettings
 from claude_proxy.conversion.messages import AssistantTurn
 
 logger = logging.getLogger("claude_proxy.conversion")
@@ -38,7 +38,7 @@ def level_for_budget(budget: int) -> str:
     return "high"
 
 
-def requested_reasoning(request: dict[str, Any], settings: Settings) -> ReasoningRequest:
+def requested_reasoning(request: dict[str, Any], settings: ProviderSettings) -> ReasoningRequest:
     """The client's intent first, then the configuration (reasoning.md, 'Deciding the level')."""
     thinking = request.get("thinking")
     if not isinstance(thinking, dict):
@@ -59,7 +59,7 @@ def requested_reasoning(request: dict[str, Any], settings: Settings) -> Reasonin
     return ReasoningRequest(_EFFORT_ALIASES.get(str(effort), settings.reasoning_effort))
 
 
-def effective_reasoning(request: dict[str, Any], settings: Settings,
+def effective_reasoning(request: dict[str, Any], settings: ProviderSettings,
                         has_tools: bool) -> ReasoningRequest:
     """The client's intent, turned off for requests with tools unless REASONING_WITH_TOOLS
     (older models cannot call functions while thinking)."""

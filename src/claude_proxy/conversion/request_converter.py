@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from claude_proxy.config import Dialect, Settings, matches_prefix
+from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
 from claude_proxy.conversion.messages import (
     AssistantTurn,
     convert_assistant_turn,
@@ -36,7 +36,7 @@ logger = logging.getLogger("claude_proxy.conversion")
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 
 
-def map_model(requested: str, settings: Settings) -> str:
+def map_model(requested: str, settings: ProviderSettings) -> str:
     """opus/sonnet/haiku names → BIG/MIDDLE/SMALL_MODEL; any other name passes unchanged."""
     lowered = requested.lower()
     for marker, tier in _TIERS:
@@ -71,6 +71,33 @@ def convert_messages(
     return converted, assistant_turns
 
 
+MEDIA_PLACEHOLDER = "[{kind} omitted: this model does not accept images or documents]"
+
+
+def without_media(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every image and document (tool results included) replaced by a
+    short text placeholder, for a provider configured with `vision = false`."""
+    replaced = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            message = {**message, "content": _media_as_text(content)}
+        replaced.append(message)
+    return replaced
+
+
+def _media_as_text(content: list[Any]) -> list[Any]:
+    replaced = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") in ("image", "document"):
+            block = {"type": "text", "text": MEDIA_PLACEHOLDER.format(kind=block["type"])}
+        elif (isinstance(block, dict) and block.get("type") == "tool_result"
+              and isinstance(block.get("content"), list)):
+            block = {**block, "content": _media_as_text(block["content"])}
+        replaced.append(block)
+    return replaced
+
+
 def clamp_max_tokens(requested: int, limit: int) -> int:
     return max(1, min(requested, limit))
 
@@ -94,20 +121,22 @@ class UpstreamRequest:
 
 def convert_request(
     request: dict[str, Any],
-    settings: Settings,
+    settings: ProviderSettings,
     *,
+    model: str | None = None,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     without_reasoning: bool = False,
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
 
-    `is_ours` tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
+    `model` is the upstream model the router chose (default: the tier mapping); `is_ours`
+    tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
     `without_reasoning` leaves every reasoning field out (a model known to refuse them).
     """
-    messages, assistant_turns = convert_messages(request["messages"],
-                                                 convert_system(request.get("system")))
+    source = request["messages"] if settings.vision else without_media(request["messages"])
+    messages, assistant_turns = convert_messages(source, convert_system(request.get("system")))
 
-    model = map_model(request["model"], settings)
+    model = model or map_model(request["model"], settings)
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -133,7 +162,7 @@ def convert_request(
 
 
 def apply_reasoning_parameters(
-    body: dict[str, Any], request: dict[str, Any], settings: Settings
+    body: dict[str, Any], request: dict[str, Any], settings: ProviderSettings
 ) -> tuple[dict[str, Any], bool]:
     """Turn thinking on or off upstream, in the upstream's dialect.
 
@@ -166,7 +195,7 @@ def apply_reasoning_parameters(
 
 
 def _without_disabled_groups(tools: list[dict[str, Any]], model: str,
-                             settings: Settings) -> list[dict[str, Any]]:
+                             settings: ProviderSettings) -> list[dict[str, Any]]:
     if not tools or not settings.tool_groups_disabled:
         return tools
     match = disabled_groups(settings.tool_groups_disabled, settings.provider_name, model)
@@ -193,7 +222,7 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
         body["user"] = metadata["user_id"]
 
 
-def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: Settings) -> None:
+def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: ProviderSettings) -> None:
     loaded = referenced_tool_names(request["messages"])
     tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), body["model"],
                                      settings)
