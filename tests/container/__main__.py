@@ -272,9 +272,9 @@ def check_as_kubernetes_runs_it(context: Context) -> str:
 def check_logs_on_stdout(context: Context) -> str:
     logs = context.engine("logs", context.container)
     access = [line for line in logs.stdout.splitlines() if "claude_proxy.access" in line]
-    for wanted in ("POST /v1/messages model=claude-opus-4-1->deepseek-reasoner status=200 "
-                   "stream=false", "model=claude-opus-4-1->deepseek-reasoner status=200 "
-                   "stream=true", "POST /v1/messages model=-->- status=401"):
+    for wanted in ("model=claude-opus-4-1->deepseek-reasoner status=200 stream=false",
+                   "model=claude-opus-4-1->deepseek-reasoner status=200 stream=true",
+                   "status=401 stream=false"):
         expect(any(wanted in line for line in access), f"no access line with {wanted!r}:\n"
                + "\n".join(access))
     for secret in (UPSTREAM_KEY, CLIENT_KEY):
