@@ -5,8 +5,9 @@ podman with `--format docker`), starts the image with a provider env file (.env.
 whose upstream is tests/scripted_upstream.py running on the host, and checks what a user
 sees: /health, a non-streamed and a streamed /v1/messages with exact content, a wrong client
 key, the process uid, the image's own HEALTHCHECK, `claude-proxy doctor`, a LOG_FILE the
-container cannot write, the logs on stdout, and a clean stop on SIGTERM. Each check prints
-its result; the last line is `container: N passed, N failed`.
+container cannot write, the image run as deploy/kubernetes.yaml runs it, the logs on stdout,
+and a clean stop on SIGTERM. Each check prints its result; the last line is
+`container: N passed, N failed`.
 
 With no engine that can run, it says why and fails under CI=true (skips elsewhere).
 """
@@ -341,8 +342,8 @@ def build_image(engine: Engine) -> str:
     return f"{IMAGE} in {took:.1f} s, {size / 1e6:.0f} MB"
 
 
-def no_engine(reason: str) -> int:
-    print(f"container: cannot run a container here: {reason}")
+def cannot_test(reason: str) -> int:
+    print(f"container: cannot test the image here: {reason}")
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         print("container: 0 passed, 1 failed")
         return 1
@@ -354,7 +355,7 @@ def main() -> int:
     try:
         engine = find_engine()
     except NoEngine as error:
-        return no_engine(str(error))
+        return cannot_test(str(error))
     CACHE.mkdir(parents=True, exist_ok=True)
     print(f"container: engine {engine.describe()}", flush=True)
     try:
@@ -362,7 +363,7 @@ def main() -> int:
         base = ensure_base(engine, CACHE)
         print(f"container: base {base} ({time.monotonic() - started:.1f} s)", flush=True)
     except BaseImageError as error:
-        return no_engine(str(error))
+        return cannot_test(str(error))
     results = [report("image builds", lambda: build_image(engine))]
     if results[0]:
         results += run_checks(engine)
