@@ -50,7 +50,9 @@ typecheck: $(VENV)/.installed-test
 unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not claude_code"
 
-## bench: the proxy vs a direct baseline (e.g. `make bench BENCH_ARGS="--compare-workers"`)
+## bench: the proxy vs a direct baseline and a FLOOR translator, both run from a production
+## install that the bench (re)builds in .cache/bench-prod-venv (`pip install .` only)
+## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
 

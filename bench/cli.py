@@ -18,7 +18,15 @@ from typing import Any
 import orjson
 
 from bench import report, scenarios, session
-from bench.client import direct_target, new_client, proxy_target, request_message, request_stream
+from bench.client import (
+    direct_target,
+    floor_target,
+    new_client,
+    proxy_target,
+    request_message,
+    request_stream,
+)
+from bench.install import dev_python, installed_location, production_python
 from bench.procs import (
     ROOT,
     Managed,
@@ -26,6 +34,7 @@ from bench.procs import (
     WorkersUnsupported,
     load_average,
     raise_fd_limit,
+    start_floor,
     start_proxy,
     start_upstream,
 )
@@ -68,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "flame graphs and a hotspot list go to DIR")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when a target is missed (errors always exit 1)")
+    parser.add_argument("--install", choices=("production", "dev"), default="production",
+                        help="run the proxy and FLOOR from the production venv "
+                             "(.cache/bench-prod-venv, `pip install .` only; default) or from "
+                             "this interpreter's (the dev venv: only to compare the two)")
     return parser
 
 
@@ -120,33 +133,34 @@ async def run_scenarios(bench: Bench, names: list[str],
 
 
 def open_proxy(workdir: Path, upstream_url: str, workers: int,
-               meta: dict[str, Any]) -> Managed:
+               meta: dict[str, Any], python: Path) -> Managed:
     """The proxy with `workers` workers, or with one if its CLI has no --workers yet."""
     try:
-        proxy = start_proxy(workdir, upstream_url, workers)
+        proxy = start_proxy(workdir, upstream_url, workers, python=python)
         meta["workers"] = workers
     except WorkersUnsupported:
         log(f"warning: the proxy does not support --workers; running 1 worker, not {workers}")
-        proxy = start_proxy(workdir, upstream_url, 1)
+        proxy = start_proxy(workdir, upstream_url, 1, python=python)
         meta["workers"] = 1
         meta["workers_note"] = "--workers rejected by the proxy CLI"
     return proxy
 
 
 def make_bench(proxy: Managed, upstream: Managed, scale: float,
-               profiler: Profiler | None = None) -> Bench:
+               profiler: Profiler | None = None, floor: Managed | None = None) -> Bench:
     return Bench(direct_target(upstream.url), proxy_target(proxy.url), upstream, proxy,
-                 scale=scale, log=log, recorder=profiler.record if profiler else None)
+                 scale=scale, log=log, recorder=profiler.record if profiler else None,
+                 floor=floor_target(floor.url) if floor else None, floor_process=floor)
 
 
 async def compare_workers(workdir: Path, upstream: Managed, scale: float,
-                          cpu: dict[str, Any]) -> dict[str, Any]:
+                          cpu: dict[str, Any], python: Path) -> dict[str, Any]:
     """Scenario 4 against a 1-worker and a 2-worker proxy (DIRECT once, for the ratio);
     the CPU accounting of those runs is added to `cpu`."""
     compared: dict[str, Any] = {}
     for workers in (1, 2):
         try:
-            proxy = start_proxy(workdir, upstream.url, workers)
+            proxy = start_proxy(workdir, upstream.url, workers, python=python)
         except WorkersUnsupported:
             log("warning: the proxy does not support --workers; 2-worker run skipped")
             compared["note"] = "--workers rejected by the proxy CLI"
@@ -197,7 +211,8 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 def print_report(document: dict[str, Any], checked: list[report.Target]) -> None:
     meta = document["meta"]
     print(f"\nclaude-proxy benchmark — scale {meta['scale']}, {meta['workers']} worker(s), "
-          f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}")
+          f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}, "
+          f"{meta['install']} install")
     print(report.table(document["scenarios"], checked))
     if "session" in document["scenarios"]:
         print()
@@ -248,25 +263,36 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.strict and not all(target.passed for target in checked) else 0
 
 
+def server_python(install: str, meta: dict[str, Any]) -> Path:
+    """The interpreter the proxy and FLOOR run with, noted in `meta`."""
+    python = production_python(log) if install == "production" else dev_python()
+    meta["install"] = install
+    meta["proxy_package"] = installed_location(python)
+    return python
+
+
 def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[str, Any],
         profiler: Profiler | None) -> dict[str, Any]:
+    python = server_python(args.install, meta)
     upstream = start_upstream(workdir)
     with upstream:
-        proxy = open_proxy(workdir, upstream.url, args.workers, meta)
+        proxy = open_proxy(workdir, upstream.url, args.workers, meta, python)
+        floor = start_floor(workdir, upstream.url, python)
         log(f"upstream pid {upstream.pid} at {upstream.url}; proxy pid {proxy.pid} at "
-            f"{proxy.url} ({meta['workers']} worker(s))")
-        with proxy:
+            f"{proxy.url} ({meta['workers']} worker(s)); floor pid {floor.pid}; "
+            f"{args.install} install ({meta['proxy_package']})")
+        with proxy, floor:
             if profiler is not None:
                 profiler.attach_to(proxy.pid)
-            bench = make_bench(proxy, upstream, args.scale, profiler)
+            bench = make_bench(proxy, upstream, args.scale, profiler, floor)
             results = asyncio.run(run_scenarios(
                 bench, [name for name in names if name in SCENARIOS], profiler))
         if "session" in names:
             log("[session]")
-            results["session"] = session.run_session(workdir, log)
+            results["session"] = session.run_session(workdir, log, python)
         document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
         if args.compare_workers:
             log("[compare workers]")
             document["workers"] = asyncio.run(
-                compare_workers(workdir, upstream, args.scale, document["cpu"]))
+                compare_workers(workdir, upstream, args.scale, document["cpu"], python))
     return document

@@ -92,6 +92,12 @@ def proxy_target(proxy_url: str) -> Target:
                   anthropic_message)
 
 
+def floor_target(floor_url: str) -> Target:
+    """The FLOOR translator (bench/floor.py): the proxy's protocol, the stack's least cost."""
+    return Target("floor", f"{floor_url}/v1/messages", anthropic_body, anthropic_event,
+                  anthropic_message)
+
+
 class BenchError(Exception):
     """A response that is not what the upstream was scripted to produce."""
 

@@ -147,12 +147,13 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
 class Managed:
     """A subprocess with its output in a log file, stopped by pid on exit."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+                 cwd: Path = ROOT) -> None:
         self.name = name
         self.url = ""
         self.log = log
         self._log_file = log.open("wb")
-        self.process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._log_file,
+        self.process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log_file,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     @property
@@ -206,19 +207,21 @@ def start_upstream(workdir: Path, timeout: float = 15.0, module: str = "bench.up
 
 def start_proxy(workdir: Path, upstream_url: str, workers: int = 1,
                 timeout: float = 30.0, env: dict[str, str] | None = None,
-                name: str = "proxy") -> Managed:
-    """`python -m claude_proxy` as a real uvicorn process, its `url` set.
-    `--workers` is only passed for N > 1; a CLI that rejects it raises WorkersUnsupported.
-    `env` adds settings (e.g. PROVIDER, MIDDLE_MODEL)."""
+                name: str = "proxy", python: Path | None = None) -> Managed:
+    """`python -m claude_proxy` as a real uvicorn process, its `url` set, run by `python`
+    (the production install's interpreter; default this one) from `workdir`, so the source
+    tree is not on its path. `--workers` is only passed for N > 1; a CLI that rejects it
+    raises WorkersUnsupported. `env` adds settings (e.g. PROVIDER, MIDDLE_MODEL)."""
     port = free_port()
-    argv = [sys.executable, "-m", "claude_proxy", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [str(python or sys.executable), "-m", "claude_proxy", "--host", "127.0.0.1",
+            "--port", str(port)]
     if workers > 1:
         argv += ["--workers", str(workers)]
     label = f"{name}-w{workers}"
     settings = clean_env({"OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream_url,
                           "PROVIDER": "openai", "LOG_LEVEL": "WARNING",
                           "LOG_FILE": str(workdir / f"{label}.log"), **(env or {})})
-    proxy = Managed(label, argv, settings, workdir / f"{label}.out")
+    proxy = Managed(label, argv, settings, workdir / f"{label}.out", cwd=workdir)
     proxy.url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proxy, timeout)
@@ -226,6 +229,23 @@ def start_proxy(workdir: Path, upstream_url: str, workers: int = 1,
         proxy.stop()
         raise
     return proxy
+
+
+def start_floor(workdir: Path, upstream_url: str, python: Path | None = None,
+                timeout: float = 30.0) -> Managed:
+    """The FLOOR translator (`bench/floor.py`, run as a script by `python` from `workdir`, so
+    it imports only the installed stack), its `url` set."""
+    port = free_port()
+    argv = [str(python or sys.executable), str(ROOT / "bench" / "floor.py"),
+            "--port", str(port), "--upstream", upstream_url]
+    floor = Managed("floor", argv, clean_env({}), workdir / "floor.out", cwd=workdir)
+    floor.url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(floor, timeout)
+    except StartupError:
+        floor.stop()
+        raise
+    return floor
 
 
 def wait_healthy(proxy: Managed, timeout: float) -> None:

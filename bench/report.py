@@ -53,31 +53,38 @@ def ratio(proxy: float, direct: float) -> float:
     return proxy / direct
 
 
+def proxy_ratio(results: Results, scenario: str, key: str, side: str = "direct") -> float:
+    """PROXY's figure over DIRECT's (or FLOOR's) in one scenario."""
+    return ratio(get(results, scenario, "proxy", key), get(results, scenario, side, key))
+
+
 def targets(results: Results) -> list[Target]:
-    """The issue's targets, evaluated on whichever scenarios ran."""
+    """The issues' targets (9 and 13), evaluated on whichever scenarios ran."""
     found = []
     if "nonstream_latency" in results:
         found += [Target("added median latency", get(results, "nonstream_latency",
                                                      "added_p50_ms"), 1.0, unit=" ms"),
                   Target("added p99 latency", get(results, "nonstream_latency", "added_p99_ms"),
-                         3.0, unit=" ms")]
+                         3.0, unit=" ms"),
+                  Target("non-stream server CPU vs floor", proxy_ratio(
+                      results, "nonstream_latency", "server_cpu_ms", "floor"), 1.1, unit="x")]
+    if "first_token" in results:
+        found.append(Target("added first text delta", get(results, "first_token",
+                                                          "added_ttft_p50_ms"), 1.5, unit=" ms"))
     if "long_stream" in results:
-        found.append(Target("long stream rate vs direct", ratio(
-            get(results, "long_stream", "proxy", "chunks_per_s"),
-            get(results, "long_stream", "direct", "chunks_per_s")), 0.25, at_most=False,
-            unit="x"))
+        found.append(Target("long stream rate vs direct", proxy_ratio(
+            results, "long_stream", "chunks_per_s"), 0.5, at_most=False, unit="x"))
     if "concurrent_streams" in results:
-        found += [Target("concurrent wall time vs direct", ratio(
-            get(results, "concurrent_streams", "proxy", "wall_s"),
-            get(results, "concurrent_streams", "direct", "wall_s")), 2.5, unit="x"),
+        found += [Target("concurrent wall time vs direct", proxy_ratio(
+            results, "concurrent_streams", "wall_s"), 1.5, unit="x"),
                   Target("concurrent errors", get(results, "concurrent_streams", "proxy",
                                                   "errors"), 0)]
     if "peak_rss" in results:
         found.append(Target("peak RSS after load", get(results, "peak_rss", "proxy",
-                                                       "after_load_hwm_mib"), 120, unit=" MiB"))
+                                                       "after_load_hwm_mib"), 100, unit=" MiB"))
     if "idle_streams" in results:
         found.append(Target("memory per open stream", get(results, "idle_streams", "proxy",
-                                                          "per_stream_kib"), 50, unit=" KiB"))
+                                                          "per_stream_kib"), 60, unit=" KiB"))
     for upstream in TARGETED if "session" in results else ():
         found.append(Target(f"session cache share, {upstream}", get(
             results, "session", upstream, "proxy", "share_after_first"), TARGET_SHARE,
@@ -87,13 +94,15 @@ def targets(results: Results) -> list[Target]:
 
 # ---------------------------------------------------------------- table
 
-# (scenario, metric key, label); DIRECT and PROXY values come from results[scenario][side].
+# (scenario, metric key, label); each side's value comes from results[scenario][side].
 ROWS: list[tuple[str, str, str]] = [
     ("nonstream_latency", "p50_ms", "1. non-stream latency p50 (ms)"),
     ("nonstream_latency", "p99_ms", "1. non-stream latency p99 (ms)"),
+    ("nonstream_latency", "server_cpu_ms", "1. server CPU per request (ms)"),
     ("first_token", "ttfb_p50_ms", "2. stream first byte p50 (ms)"),
     ("first_token", "ttft_p50_ms", "2. stream first token p50 (ms)"),
     ("first_token", "ttft_p99_ms", "2. stream first token p99 (ms)"),
+    ("first_token", "server_cpu_ms", "2. server CPU per stream (ms)"),
     ("long_stream", "chunks_per_s", "3. long stream (chunks/s)"),
     ("concurrent_streams", "wall_s", "4. concurrent streams wall (s)"),
     ("concurrent_streams", "chunks_per_s", "4. concurrent chunks/s"),
@@ -109,9 +118,22 @@ ROWS: list[tuple[str, str, str]] = [
     ("peak_rss", "after_load_hwm_mib", "6. server peak RSS after (MiB)"),
 ]
 
-# Derived rows: (label, scenario, key) with only a PROXY value and a target.
-ADDED_ROWS = [("1. added latency p50 (ms)", "added_p50_ms"),
-              ("1. added latency p99 (ms)", "added_p99_ms")]
+# Derived rows: (label, scenario, key, row after which it is printed), a PROXY value only.
+ADDED_ROWS = [("1. added latency p50 (ms)", "nonstream_latency", "added_p50_ms", "p99_ms"),
+              ("1. added latency p99 (ms)", "nonstream_latency", "added_p99_ms", "p99_ms"),
+              ("2. added first token p50 (ms)", "first_token", "added_ttft_p50_ms",
+               "ttft_p50_ms")]
+
+# Which target each row shows (by label prefix).
+ROW_TARGETS = {"1. added latency p50": "added median latency",
+               "1. added latency p99": "added p99 latency",
+               "1. server CPU per request": "non-stream server CPU vs floor",
+               "2. added first token": "added first text delta",
+               "3. long stream": "long stream rate vs direct",
+               "4. concurrent streams wall": "concurrent wall time vs direct",
+               "4. concurrent errors": "concurrent errors",
+               "5. idle: KiB per open stream": "memory per open stream",
+               "6. server peak RSS after": "peak RSS after load"}
 
 
 def number(value: float) -> str:
@@ -126,14 +148,7 @@ def number(value: float) -> str:
 
 def target_for(label: str, checked: list[Target]) -> str:
     """The target text and verdict that belongs to a table row, if any."""
-    names = {"1. added latency p50": "added median latency",
-             "1. added latency p99": "added p99 latency",
-             "3. long stream": "long stream rate vs direct",
-             "4. concurrent streams wall": "concurrent wall time vs direct",
-             "4. concurrent errors": "concurrent errors",
-             "5. idle: KiB per open stream": "memory per open stream",
-             "6. server peak RSS after": "peak RSS after load"}
-    for prefix, name in names.items():
+    for prefix, name in ROW_TARGETS.items():
         if label.startswith(prefix):
             for target in checked:
                 if target.name == name:
@@ -143,19 +158,24 @@ def target_for(label: str, checked: list[Target]) -> str:
 
 
 def table(results: Results, checked: list[Target]) -> str:
-    header = f"{'metric':<36} {'DIRECT':>10} {'PROXY':>10} {'P/D':>7}  target"
+    """Every figure for DIRECT, PROXY and FLOOR, with PROXY's ratio to each of the others.
+    For DIRECT, the 'server' rows are the upstream itself."""
+    header = (f"{'metric':<36} {'DIRECT':>10} {'PROXY':>10} {'FLOOR':>10} {'P/D':>7} "
+              f"{'P/F':>7}  target")
     lines = [header, "-" * (len(header) + 18)]
     for scenario, key, label in ROWS:
         if scenario not in results:
             continue
-        direct, proxy = get(results, scenario, "direct", key), get(results, scenario, "proxy", key)
+        direct, proxy, floor = (get(results, scenario, side, key)
+                                for side in ("direct", "proxy", "floor"))
         lines.append(f"{label:<36} {number(direct):>10} {number(proxy):>10} "
-                     f"{number(ratio(proxy, direct)):>7}  {target_for(label, checked)}")
-        if scenario == "nonstream_latency" and key == "p99_ms":
-            for added_label, added_key in ADDED_ROWS:
+                     f"{number(floor):>10} {number(ratio(proxy, direct)):>7} "
+                     f"{number(ratio(proxy, floor)):>7}  {target_for(label, checked)}")
+        for added_label, added_scenario, added_key, after in ADDED_ROWS:
+            if added_scenario == scenario and after == key:
                 added = get(results, scenario, added_key)
-                lines.append(f"{added_label:<36} {'':>10} {number(added):>10} {'':>7}  "
-                             f"{target_for(added_label, checked)}")
+                lines.append(f"{added_label:<36} {'':>10} {number(added):>10} {'':>10} "
+                             f"{'':>7} {'':>7}  {target_for(added_label, checked)}")
     return "\n".join(lines)
 
 
@@ -163,11 +183,13 @@ def cpu_table(cpu: dict[str, dict[str, float]]) -> str:
     """Per phase: wall time and how busy each process was (100% = one core). `other` is the
     rest of the machine; much above a few % means something else competed for the CPUs."""
     header = (f"{'phase (CPU % of one core)':<34} {'wall s':>7} {'client':>7} {'upstream':>9} "
-              f"{'proxy':>7} {'other':>7}")
+              f"{'proxy':>7} {'floor':>7} {'other':>7}")
     lines = [header, "-" * len(header)]
     for phase, spent in cpu.items():
+        floor = spent.get("floor_busy_pct")
         lines.append(f"{phase:<34} {spent['wall_s']:>7.2f} {spent['client_busy_pct']:>6.0f}% "
                      f"{spent['upstream_busy_pct']:>8.0f}% {spent['proxy_busy_pct']:>6.0f}% "
+                     f"{'-' if floor is None else f'{floor:.0f}%':>7} "
                      f"{spent.get('other_busy_pct', 0.0):>6.0f}%")
     return "\n".join(lines)
 

@@ -35,22 +35,42 @@ class Bench:
     cpu: dict[str, dict[str, Any]] = field(default_factory=dict)
     recorder: Callable[[str], AbstractAsyncContextManager[None]] | None = None
     """Wraps each PROXY phase (the profiler), when profiling."""
+    floor: Target | None = None
+    """The FLOOR translator (bench/floor.py), run through the same phases when present."""
+    floor_process: Managed | None = None
 
     def count(self, full: int, minimum: int = 1) -> int:
         """A count from the issue, scaled by --scale."""
         return max(minimum, round(full * self.scale))
 
-    def targets(self) -> tuple[Target, Target]:
-        return self.direct, self.proxy
+    def targets(self) -> tuple[Target, ...]:
+        return (self.direct, self.proxy) + ((self.floor,) if self.floor is not None else ())
+
+    def processes(self) -> dict[str, Managed]:
+        """The servers by the name their CPU is recorded under."""
+        found = {"upstream": self.upstream, "proxy": self.proxy_process}
+        if self.floor_process is not None:
+            found["floor"] = self.floor_process
+        return found
+
+    def server_name(self, target: Target) -> str:
+        """Whose CPU a target's requests cost: the upstream for DIRECT (it answers them
+        itself), the proxy for PROXY, the floor translator for FLOOR."""
+        return "upstream" if target is self.direct else target.name
 
     def server_for(self, target: Target) -> Managed:
-        """The process answering `target`: the upstream for DIRECT, the proxy for PROXY."""
-        return self.upstream if target is self.direct else self.proxy_process
+        """The process answering `target`."""
+        return self.processes()[self.server_name(target)]
 
     def recording(self, key: str) -> AbstractAsyncContextManager[None]:
         if self.recorder is None or not key.endswith(".proxy"):
             return nullcontext()
         return self.recorder(key)
+
+    def server_cpu_ms(self, key: str, target: Target, requests: int) -> float:
+        """Server CPU milliseconds per request in the phase `key` (NaN without requests)."""
+        spent = self.cpu.get(key, {}).get(f"{self.server_name(target)}_cpu_s", math.nan)
+        return round(1000 * spent / requests, 3) if requests else math.nan
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -77,10 +97,12 @@ async def accounted(bench: Bench, key: str) -> AsyncIterator[None]:
 
 
 def cpu_reading(bench: Bench) -> dict[str, float]:
-    """Wall clock and CPU seconds so far: client, upstream, proxy and the whole machine."""
-    return {"wall": time.perf_counter(), "client": time.process_time(),
-            "upstream": bench.upstream.usage().cpu, "proxy": bench.proxy_process.usage().cpu,
-            "machine": machine_busy_seconds()}
+    """Wall clock and CPU seconds so far: client, each server and the whole machine."""
+    reading = {"wall": time.perf_counter(), "client": time.process_time(),
+               "machine": machine_busy_seconds()}
+    for name, process in bench.processes().items():
+        reading[name] = process.usage().cpu
+    return reading
 
 
 def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -88,11 +110,12 @@ def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     every other process on the machine: when it is high, the numbers are not to be trusted."""
     wall = after["wall"] - before["wall"]
     spent = {"wall_s": wall}
-    for name in ("client", "upstream", "proxy"):
+    ours = [name for name in before if name not in ("wall", "machine")]
+    for name in ours:
         spent[f"{name}_cpu_s"] = after[name] - before[name]
-    ours = sum(spent[f"{name}_cpu_s"] for name in ("client", "upstream", "proxy"))
-    spent["other_cpu_s"] = max(0.0, after["machine"] - before["machine"] - ours)
-    for name in ("client", "upstream", "proxy", "other"):
+    mine = sum(spent[f"{name}_cpu_s"] for name in ours)
+    spent["other_cpu_s"] = max(0.0, after["machine"] - before["machine"] - mine)
+    for name in (*ours, "other"):
         spent[f"{name}_busy_pct"] = 100 * spent[f"{name}_cpu_s"] / wall if wall else 0.0
     return {name: round(value, 4) for name, value in spent.items()}
 
@@ -133,7 +156,9 @@ async def nonstream_latency(bench: Bench) -> Result:
                         errors.append(f"{type(exc).__name__}: {exc}")
         result[target.name] = with_errors({
             "p50_ms": ms(percentile(latencies, 0.50)), "p99_ms": ms(percentile(latencies, 0.99)),
-            "mean_ms": ms(statistics.fmean(latencies)) if latencies else math.nan}, errors)
+            "mean_ms": ms(statistics.fmean(latencies)) if latencies else math.nan,
+            "server_cpu_ms": bench.server_cpu_ms(f"nonstream_latency.{target.name}", target,
+                                                 len(latencies))}, errors)
     for stat in ("p50", "p99"):
         added = result["proxy"][f"{stat}_ms"] - result["direct"][f"{stat}_ms"]
         result[f"added_{stat}_ms"] = round(added, 3)
@@ -164,8 +189,11 @@ async def first_token(bench: Bench) -> Result:
                     ttft.append(timing.ttft)
         result[target.name] = with_errors({
             "ttfb_p50_ms": ms(percentile(ttfb, 0.5)), "ttfb_p99_ms": ms(percentile(ttfb, 0.99)),
-            "ttft_p50_ms": ms(percentile(ttft, 0.5)), "ttft_p99_ms": ms(percentile(ttft, 0.99))},
-            errors)
+            "ttft_p50_ms": ms(percentile(ttft, 0.5)), "ttft_p99_ms": ms(percentile(ttft, 0.99)),
+            "server_cpu_ms": bench.server_cpu_ms(f"first_token.{target.name}", target,
+                                                 len(ttft))}, errors)
+    result["added_ttft_p50_ms"] = round(
+        result["proxy"]["ttft_p50_ms"] - result["direct"]["ttft_p50_ms"], 3)
     return result
 
 

@@ -118,8 +118,10 @@ def replay(send: Callable[[dict[str, Any]], dict[str, int]],
     return share([send(turn) for turn in turns])
 
 
-def run_session(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every upstream shape: PROXY and DIRECT cache shares."""
+def run_session(workdir: Path, log: Callable[[str], None],
+                python: Path | None = None) -> dict[str, Any]:
+    """Every upstream shape: PROXY (run by `python`, default this interpreter) and DIRECT
+    cache shares."""
     turns = load_turns()
     results: dict[str, Any] = {"turns": len(turns)}
     with httpx.Client(trust_env=False, timeout=60) as client:
@@ -129,7 +131,7 @@ def run_session(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
                                 args=("--mode", upstream.cache),
                                 name=f"cache-{upstream.label}") as server:
                 with start_proxy(workdir, server.url, env=upstream.proxy_env(),
-                                 name=f"session-{upstream.label}") as proxy:
+                                 name=f"session-{upstream.label}", python=python) as proxy:
                     proxied = replay(partial(streamed_usage, client, proxy.url), turns)
                 direct = replay(partial(direct_usage, client, server.url.removesuffix("/v1")),
                                 turns)

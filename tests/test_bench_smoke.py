@@ -1,5 +1,6 @@
-"""The benchmark at 5% scale, as a subprocess: it must run end to end, cover every scenario
-with numbers, and see no failed request. Speed is not asserted here; that is the benchmark's
+"""The benchmark at 5% scale, as a subprocess: it must run end to end from the production
+install, cover every scenario with numbers for DIRECT, PROXY and FLOOR, and see no failed
+request. Speed is not asserted here; that is the benchmark's
 own report (`make bench`)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = {
-    "nonstream_latency": ("p50_ms", "p99_ms"),
-    "first_token": ("ttfb_p50_ms", "ttft_p50_ms"),
+    "nonstream_latency": ("p50_ms", "p99_ms", "server_cpu_ms"),
+    "first_token": ("ttfb_p50_ms", "ttft_p50_ms", "server_cpu_ms"),
     "long_stream": ("chunks_per_s",),
     "concurrent_streams": ("wall_s", "chunks_per_s"),
     "idle_streams": ("rss_idle_mib", "rss_during_mib", "per_stream_kib", "cpu_pct_while_open"),
@@ -34,13 +35,17 @@ def test_bench_smoke(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     scenarios = document["scenarios"]
     for scenario, metrics in SCENARIOS.items():
-        for side in ("direct", "proxy"):
+        for side in ("direct", "proxy", "floor"):
             result = scenarios[scenario][side]
             for metric in metrics:
                 assert is_number(result[metric]), (scenario, side, metric, result)
             assert result.get("errors", 0) == 0, (scenario, side, result)
     assert is_number(scenarios["nonstream_latency"]["added_p50_ms"])
+    # The proxy and FLOOR ran from the production venv, not from the source tree.
+    assert document["meta"]["install"] == "production"
+    assert "bench-prod-venv" in document["meta"]["proxy_package"], document["meta"]
     assert {target["name"] for target in document["targets"]} >= {
         "added median latency", "long stream rate vs direct", "concurrent wall time vs direct",
-        "peak RSS after load", "memory per open stream"}
+        "peak RSS after load", "memory per open stream", "non-stream server CPU vs floor",
+        "added first text delta"}
     assert all(is_number(spent["wall_s"]) for spent in document["cpu"].values())

@@ -1,0 +1,80 @@
+"""The production install the benchmark measures: a venv holding `pip install .` and nothing
+else (no editable install, no test extras), what `make run`, the container and every user get.
+
+The dev venv is not what users run: the test extras pull in packages (sniffio, through the
+anthropic SDK) that change the hot path of libraries which only look for them. The venv lives
+in `.cache/bench-prod-venv` and is rebuilt when `pyproject.toml` or anything under `src/`
+changes (a hash of them is stamped inside it). A lock keeps two benches (the smoke test and a
+`make bench`) from building it at the same time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import subprocess
+import sys
+import venv
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from bench.procs import ROOT, StartupError
+
+VENV = ROOT / ".cache" / "bench-prod-venv"
+STAMP = "claude-proxy-source.sha256"
+
+
+def source_files() -> Iterator[Path]:
+    """What the installed package is built from."""
+    yield ROOT / "pyproject.toml"
+    for path in sorted((ROOT / "src").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            yield path
+
+
+def source_hash() -> str:
+    digest = hashlib.sha256()
+    for path in source_files():
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def python_of(directory: Path) -> Path:
+    return directory / "bin" / "python"
+
+
+def production_python(log: Callable[[str], None], directory: Path = VENV) -> Path:
+    """The interpreter of an up-to-date production venv, (re)built first if needed."""
+    wanted = source_hash()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with (directory.parent / f"{directory.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = directory / STAMP
+        if python_of(directory).exists() and stamp.exists() and stamp.read_text() == wanted:
+            return python_of(directory)
+        log(f"building the production install in {directory} (pip install .)")
+        shutil.rmtree(directory, ignore_errors=True)
+        # From the base interpreter, not the dev venv's (venv uses sys._base_executable).
+        venv.EnvBuilder(with_pip=True).create(directory)
+        run = subprocess.run([str(python_of(directory)), "-m", "pip", "install", "--quiet",
+                              "--disable-pip-version-check", str(ROOT)],
+                             capture_output=True, text=True, cwd=directory)
+        if run.returncode != 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise StartupError(f"pip install . failed in {directory}:\n"
+                               f"{(run.stdout + run.stderr)[-3000:]}")
+        stamp.write_text(wanted)
+        return python_of(directory)
+
+
+def installed_location(python: Path) -> str:
+    """Where `python` imports claude_proxy from (to show it is not the source tree)."""
+    run = subprocess.run([str(python), "-c", "import claude_proxy; print(claude_proxy.__file__)"],
+                         capture_output=True, text=True, cwd=python.parent, timeout=60)
+    return run.stdout.strip() or run.stderr.strip()[-300:]
+
+
+def dev_python() -> Path:
+    return Path(sys.executable)
