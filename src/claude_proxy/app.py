@@ -8,7 +8,6 @@ the network in `upstream.py`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +23,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.access import AccessLogMiddleware
+from claude_proxy.auth import key_matches, presented_keys
 from claude_proxy.config import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
@@ -32,6 +32,8 @@ from claude_proxy.metrics import Metrics
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.ui.recorder import ProviderHealth, Recorder
+from claude_proxy.ui.routes import dashboard_router
 from claude_proxy.upstream import OpenAIClient
 
 logger = logging.getLogger("claude_proxy.app")
@@ -54,14 +56,8 @@ def check_client_key(request: Request, settings: Settings) -> None:
     """When ANTHROPIC_API_KEY is set, `x-api-key` or `Authorization: Bearer` must match it."""
     if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
         return
-    expected = settings.anthropic_api_key.get_secret_value().encode()
-    presented = [request.headers.get("x-api-key", "")]
-    authorization = request.headers.get("authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        presented.append(authorization[7:].strip())
-    # Compare every candidate, so the time taken does not depend on which one matched.
-    matches = [hmac.compare_digest(value.encode(), expected) for value in presented]
-    if not any(matches):
+    expected = settings.anthropic_api_key.get_secret_value()
+    if not key_matches(presented_keys(request.headers), expected):
         raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
 
 
@@ -108,7 +104,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.add_middleware(AccessLogMiddleware, metrics=metrics)
+    recorder = dashboard_recorder(settings)
+    app.state.recorder = recorder
+    app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder)
+    if recorder is not None:
+        app.include_router(dashboard_router(settings, recorder))
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -120,7 +120,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response({"status": "ok"})
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        if not settings.metrics_public:
+            check_client_key(request, settings)
         return Response(metrics.exposition(), media_type=metrics.content_type)
 
     @app.post("/v1/messages/count_tokens")
@@ -146,6 +148,14 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(await before_first_byte(request, service.create(body), deadline))
 
     return app
+
+
+def dashboard_recorder(settings: Settings) -> Recorder | None:
+    """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
+    if not settings.ui_enabled:
+        return None
+    return Recorder(inspect=settings.inspect_requests, secrets=settings.secrets(),
+                    health=lambda: [ProviderHealth(settings.provider_name)])
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -22,6 +22,7 @@ from claude_proxy import __version__
 from claude_proxy.app import create_app
 from claude_proxy.config import Settings, load_settings
 from claude_proxy.logs import configure_logging
+from claude_proxy.ui.recorder import WORKERS_VARIABLE
 
 logger = logging.getLogger("claude_proxy")
 
@@ -85,7 +86,17 @@ def startup_line(settings: Settings, host: str, port: int, workers: int) -> str:
             f"(provider {settings.provider_name}); models opus={settings.model_for_tier('big')} "
             f"sonnet={settings.model_for_tier('middle')} "
             f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}; client key "
-            f"{'required' if settings.anthropic_api_key else 'not required'}")
+            f"{'required' if settings.anthropic_api_key else 'not required'}; "
+            f"{dashboard_note(settings, host, port, workers)}")
+
+
+def dashboard_note(settings: Settings, host: str, port: int, workers: int) -> str:
+    """Where the dashboard is, and that with several workers each page shows one of them."""
+    if not settings.ui_enabled:
+        return "dashboard off (UI_ENABLED=false)"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    per_worker = f" (each page load shows one of the {workers} workers)" if workers > 1 else ""
+    return f"dashboard http://{shown}:{port}/ui{per_worker}"
 
 
 def tune_garbage_collector() -> None:
@@ -112,6 +123,7 @@ def serve(settings: Settings, env_file: Path | None, args: argparse.Namespace) -
     port = args.port if args.port is not None else settings.port
     configure_logging(settings.log_level, settings.log_file, settings.secrets())
     logger.info(startup_line(settings, host, port, args.workers))
+    os.environ[WORKERS_VARIABLE] = str(args.workers)
     options = {"host": host, "port": port, "log_config": None,
                "log_level": settings.log_level.lower(), "access_log": False}
     if args.workers <= 1:

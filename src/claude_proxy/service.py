@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from claude_proxy.access import current_record, record_usage
+from claude_proxy.access import current_record, mark, record_usage
 from claude_proxy.capabilities import (
     OPTIONAL_FIELDS,
     REASONING,
@@ -65,12 +65,15 @@ class MessagesService:
         model = map_model(body["model"], self.settings)
         record = current_record()
         record.client_model, record.upstream_model = body["model"], model
+        record.provider = self.settings.provider_name
         record.stream = bool(body.get("stream"))
         upstream = convert_request(body, self.settings, is_ours=self.is_ours,
                                    without_reasoning=self.refusals.refuses(model, REASONING))
         for name in OPTIONAL_FIELDS:
             if self.refusals.refuses(model, name):
                 upstream.body.pop(name, None)
+        record.client_body, record.upstream_body = body, upstream.body
+        record.added = upstream.extras
         logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
         return upstream
 
@@ -100,7 +103,7 @@ class MessagesService:
         reasoning fields), remember that for the model and send once more without it."""
         upstream = self.convert(body)
         try:
-            return upstream, await send(upstream)
+            return upstream, await self._sent(upstream, send)
         except ProxyError as error:
             refused = self._refused_fields(error, upstream)
             if not refused:
@@ -113,7 +116,20 @@ class MessagesService:
             for field in refused:
                 self.refusals.remember(model, field)
             upstream = self.convert(body)
-            return upstream, await send(upstream)
+            return upstream, await self._sent(upstream, send)
+
+    @staticmethod
+    async def _sent(upstream: UpstreamRequest, send: Callable[[UpstreamRequest], Awaitable[T]]
+                    ) -> T:
+        """`send`, with its moments on the request's timeline."""
+        mark("upstream request", upstream.body["model"])
+        try:
+            answer = await send(upstream)
+        except ProxyError as error:
+            mark("upstream failed", f"{error.status} {error.error_type}")
+            raise
+        mark("first upstream byte")
+        return answer
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -143,5 +159,6 @@ class MessagesService:
         chunks = self.client._generate_buffered_stream_chunks(completion)
         converter = self.converter(body, upstream)
         message = collect_message(convert_chunks(chunks, converter))
+        current_record().message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         return message
