@@ -55,7 +55,7 @@ def test_ten_thousand_requests_leave_the_ring_buffers_at_their_limits() -> None:
     assert (sizes["rows"], sizes["kept"], sizes["in_flight"]) == (1000, 50, 0)
     assert sizes["minutes"] <= 2  # the run may cross into the next minute
     assert recorder.rows[0]["id"] == "req_009000" and recorder.rows[-1]["id"] == "req_009999"
-    assert list(recorder.kept)[0] == "req_009950"
+    assert next(iter(recorder.kept)) == "req_009950"
     assert recorder.inspect("req_000001") is None  # gone from every buffer
     assert recorder.inspect("req_009100") is not None
     assert recorder.inspect("req_009100")["kept"] is False  # type: ignore[index]
