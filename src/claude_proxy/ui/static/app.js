@@ -134,7 +134,7 @@ function rowElement(row) {
     el("td", { class: "num c-reason", text: int(t.reasoning) }),
     el("td", { class: "num c-cached", text: int(t.cached) }),
     el("td", { class: "c-stop", text: row.stop || "–" }),
-    el("td", { class: "c-error errtype", text: row.error || "" }));
+    el("td", { class: "c-error errtype", title: row.error || "", text: row.error || "" }));
 }
 
 function renderTable() {
@@ -225,7 +225,8 @@ function renderProviders() {
     return el("div", { class: "provider", "data-provider": p.name },
       el("div", {}, el("span", { class: "name", text: p.name }), " ",
         el("span", { class: "state " + (cooling ? "cooling" : p.state), text: p.state + until })),
-      el("div", { class: "stats", text: `${rate} · first byte p50 ${millis(p.p50)}, p95 ${millis(p.p95)}` }),
+      el("div", { class: "stats", text: rate }),
+      el("div", { class: "stats", text: `first byte p50 ${millis(p.p50)} · p95 ${millis(p.p95)}` }),
       p.last_error ? el("div", { class: "err", title: p.last_error, text: p.last_error }) : null);
   }));
 }
@@ -378,7 +379,7 @@ function upstreamView(upstream) {
     ...upstream.fields.map((f) => el("tr", { class: f.added ? "added" : null, "data-field": f.name },
       el("td", {}, f.name, f.added ? el("span", { class: "why", text: f.added }) : null),
       el("td", {}, el("code", { text: JSON.stringify(f.value) }))))));
-  const messages = el("details", {}, el("summary", { text: `messages (${upstream.messages.length})` }),
+  const messages = el("details", { class: "upstream-messages" }, el("summary", { text: `messages (${upstream.messages.length})` }),
     ...upstream.messages.map((m, i) => {
       const extras = Object.entries(m.extra).map(([key, value]) => el("div", {
         class: m.added.includes(key) ? "extra added" : "extra", "data-field": key },
