@@ -242,6 +242,14 @@ function niceMax(value) {
   return 10 * power;
 }
 
+function initCharts() {
+  for (const figure of document.querySelectorAll("figure.chart")) {
+    figure.replaceChildren(el("figcaption", { text: figure.dataset.title }),
+      svgEl("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" }),
+      el("div", { class: "legend" }));
+  }
+}
+
 function lineChart(id, lines, count, format) {
   const figure = document.getElementById(id);
   const svg = figure.querySelector("svg");
@@ -504,6 +512,7 @@ function connect() {
 
 function init() {
   initTheme();
+  initCharts();
   for (const id of ["f-provider", "f-model", "f-status"]) {
     document.getElementById(id).addEventListener("change", renderTable);
   }
