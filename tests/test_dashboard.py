@@ -339,12 +339,14 @@ def test_ui_disabled_records_nothing(proxy_factory: Callable[..., ProxyServer],
 def test_startup_line_prints_the_dashboard_url() -> None:
     from claude_proxy.cli import startup_line
     from claude_proxy.config import Settings
-    settings = Settings(openai_api_key="k", provider="openai")
-    assert startup_line(settings, "0.0.0.0", 8082, 1).endswith(
+    from claude_proxy.routing.config import single_provider_config
+    config = single_provider_config(Settings(openai_api_key="k", provider="openai"))
+    assert startup_line(config, "0.0.0.0", 8082, 1).endswith(
         "dashboard http://127.0.0.1:8082/ui")
     assert "each page load shows one of the 4 workers" in startup_line(
-        settings, "0.0.0.0", 8082, 4)
-    off = Settings(openai_api_key="k", provider="openai", ui_enabled=False)
+        config, "0.0.0.0", 8082, 4)
+    off = single_provider_config(Settings(openai_api_key="k", provider="openai",
+                                          ui_enabled=False))
     assert startup_line(off, "127.0.0.1", 9000, 1).endswith("dashboard off (UI_ENABLED=false)")
 
 

@@ -322,3 +322,68 @@ def test_login_form_in_the_browser(proxy_factory: Callable[..., ProxyServer],
     assert CLIENT_KEY not in page.content()
     assert page.evaluate("document.cookie") == ""  # HttpOnly: scripts cannot read it
     context.close()
+
+
+@pytest.fixture
+def two_providers(tmp_path: Path) -> Iterator[tuple[ProxyServer, dict[str, ScriptedUpstream]]]:
+    """A proxy with providers alpha (default route) and beta (fallback); one failure cools
+    alpha down."""
+    from claude_proxy.app import create_app
+    from claude_proxy.config import Settings
+    from claude_proxy.routing.config import load_config_file
+    from tests.conftest import UPSTREAM_KEY, RecordingApp, eventually, serving
+    from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
+
+    upstreams = {name: ScriptedUpstream().start() for name in ("alpha", "beta")}
+    tables = "".join(
+        f'[providers.{name}]\nopenai_base_url = "{server.base_url}"\n'
+        f'openai_api_key = "{UPSTREAM_KEY}"\nprovider = "openai"\nbig_model = "{name}-big"\n'
+        f'middle_model = "{name}-middle"\nsmall_model = "{name}-small"\nmax_retries = 0\n\n'
+        for name, server in upstreams.items())
+    path = tmp_path / "proxy.toml"
+    path.write_text(tables + '[router]\ndefault = "alpha,alpha-main"\n'
+                    'fallback = ["beta,beta-fallback"]\ncooldown_failures = 1\n'
+                    "cooldown_seconds = 600\n")
+    settings = Settings(log_file=str(tmp_path / "proxy.log"))
+    app = create_app(settings, config=load_config_file(path, settings))
+    sock = bind_loopback()
+    server, thread = serve_in_thread(RecordingApp(app), sock)
+    proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server, app,
+                        thread)
+    assert eventually(lambda: serving(proxy.url))
+    yield proxy, upstreams
+    stop_server(server, thread)
+    for upstream_server in upstreams.values():
+        upstream_server.stop()
+
+
+def test_failover_and_cooldown_in_rows_and_providers(
+        two_providers: tuple[ProxyServer, dict[str, ScriptedUpstream]], browser: Any) -> None:
+    proxy, upstreams = two_providers
+    upstreams["alpha"].queue(error_reply(500, "alpha is down"))
+    answer = httpx.post(f"{proxy.url}/v1/messages", timeout=30, json={
+        "model": "claude-sonnet-4-6", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 200
+    request_id = answer.headers["request-id"]
+    tab = Page(browser, f"{proxy.url}/ui")
+    page = tab.page
+    page.wait_for_selector(f'#requests tr[data-id="{request_id}"]')
+    assert tab.cell(request_id, "c-provider-name") == "beta"
+    assert tab.cell(request_id, "c-model") == "beta-fallback"
+    assert tab.cell(request_id, "c-route") == "fallback"
+    badge = page.locator(f'#requests tr[data-id="{request_id}"] .failover')
+    assert badge.get_attribute("title") == "failover: alpha → beta"
+    page.wait_for_selector('#providers .provider[data-provider="alpha"] .state.cooling')
+    alpha = page.inner_text('#providers .provider[data-provider="alpha"]')
+    assert "cooling down until" in alpha and "alpha is down" in alpha
+    assert "healthy" in page.inner_text('#providers .provider[data-provider="beta"]')
+    tab.shot("dashboard-cooling")
+    page.click(f'#requests tr[data-id="{request_id}"]')
+    page.wait_for_selector("#inspector .timeline-list")
+    timeline = page.inner_text("#inspector .timeline-list")
+    assert "failover" in timeline and "alpha -> beta" in timeline
+    assert "alpha: 500" in timeline
+    tab.shot("dashboard-failover")
+    assert tab.errors == []
+    tab.close()

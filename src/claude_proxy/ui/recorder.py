@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ import orjson
 
 from claude_proxy.access import RequestRecord
 from claude_proxy.logs import REDACTED, redact
+from claude_proxy.routing.providers import Provider
 from claude_proxy.ui.inspect import error_of, inspector_view
 from claude_proxy.ui.series import MinuteSeries
 
@@ -50,9 +51,27 @@ class ProviderHealth:
     until: float | None = None
     """Wall-clock time the cool-down ends."""
     last_error: str | None = None
+    attempts: int | None = None
+    """Attempts the provider answered or failed since the process started."""
+    succeeded: int | None = None
 
 
 HealthSource = Callable[[], list[ProviderHealth]]
+
+STATE_NAMES = {"healthy": "healthy", "cooling": "cooling down", "probing": "probing"}
+
+
+def provider_health(providers: Mapping[str, Provider]) -> list[ProviderHealth]:
+    """What each provider's circuit breaker says (routing/health.py), for the panel."""
+    listed = []
+    for name, provider in providers.items():
+        health = provider.health.snapshot()
+        state = STATE_NAMES.get(health.state, health.state)
+        if health.misconfigured and health.state == "healthy":
+            state = "key refused"
+        listed.append(ProviderHealth(name, state, health.cooling_until, health.last_error,
+                                     health.successes + health.failures, health.successes))
+    return listed
 
 
 @dataclass
@@ -120,15 +139,27 @@ def timeline_of(record: RequestRecord, finished: float) -> list[list[Any]]:
     return [[ms(record.started, at), event, detail] for at, event, detail in moments]
 
 
+def last_attempt(record: RequestRecord) -> tuple[str, str]:
+    """(provider, model) of the request: the one that answered, else the last one tried."""
+    if record.provider != "-":
+        return record.provider, record.upstream_model
+    for _, event, detail in reversed(record.timeline):
+        if event == "upstream request":
+            provider, _, model = detail.partition(",")
+            return provider, model
+    return record.provider, record.upstream_model
+
+
 def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, Any]:
     """The row of the Requests table (what the access line says, and a little more)."""
     error = error_of(record) if record.status >= 400 or record.events else None
+    provider, model = last_attempt(record)
     return {
         "id": record.request_id,
         "at": round(now - (finished - record.started), 3),
         "client_model": record.client_model,
-        "provider": record.provider,
-        "model": record.upstream_model,
+        "provider": provider,
+        "model": model,
         "route": record.route,
         "failover": list(record.failover),
         "status": record.status,
@@ -223,9 +254,11 @@ class Recorder:
         for health in self.health():
             measured = stats.pop(health.name, {})
             listed.append({"name": health.name, "state": health.state, "until": health.until,
-                           "last_error": health.last_error, **measured})
+                           "last_error": health.last_error, "attempts": health.attempts,
+                           "succeeded": health.succeeded, **measured})
         listed += [{"name": name, "state": "unknown", "until": None, "last_error": None,
-                    **measured} for name, measured in stats.items() if name != "-"]
+                    "attempts": None, "succeeded": None, **measured}
+                   for name, measured in stats.items() if name != "-"]
         return listed
 
     def live(self) -> dict[str, Any]:

@@ -220,8 +220,11 @@ function renderProviders() {
   list.replaceChildren(...providers.map((p) => {
     const cooling = p.state !== "healthy" && p.state !== "unknown";
     const until = p.until ? ` until ${clock(p.until)}` : "";
-    const rate = p.success_rate === null || p.success_rate === undefined
-      ? "no requests" : `${(p.success_rate * 100).toFixed(p.success_rate === 1 ? 0 : 1)}% ok of ${int(p.requests)}`;
+    const percent = (fraction) => `${(fraction * 100).toFixed(fraction === 1 ? 0 : 1)}%`;
+    const recent = p.success_rate === null || p.success_rate === undefined
+      ? "no requests in 15 min" : `${percent(p.success_rate)} ok of ${int(p.requests)} in 15 min`;
+    const since = p.attempts ? ` · ${percent(p.succeeded / p.attempts)} of ${int(p.attempts)} attempts since start` : "";
+    const rate = recent + since;
     return el("div", { class: "provider", "data-provider": p.name },
       el("div", {}, el("span", { class: "name", text: p.name }), " ",
         el("span", { class: "state " + (cooling ? "cooling" : p.state), text: p.state + until })),
