@@ -76,7 +76,7 @@ def test_inspect_requests_zero_keeps_metadata_only() -> None:
 
 def test_the_minute_buckets_stop_at_an_hour() -> None:
     recorder = Recorder(inspect=1, secrets=[], health=list)
-    row = {"status": 200, "tokens": {"input": 1}, "error": None, "retries": 0,
+    row = {"status": 200, "tokens": {"input": 1}, "error": None, "retries": 0, "failover": [],
            "provider": "p", "ttfb": 5.0}
     for minute in range(500):
         recorder.series.add(row, minute * 60.0)

@@ -378,6 +378,7 @@ def test_failover_and_cooldown_in_rows_and_providers(
     alpha = page.inner_text('#providers .provider[data-provider="alpha"]')
     assert "cooling down until" in alpha and "alpha is down" in alpha
     assert "healthy" in page.inner_text('#providers .provider[data-provider="beta"]')
+    assert "failover" in page.inner_text("#chart-errors .legend")
     tab.shot("dashboard-cooling")
     page.click(f'#requests tr[data-id="{request_id}"]')
     page.wait_for_selector("#inspector .timeline-list")

@@ -41,6 +41,11 @@ class Minute:
     providers: dict[str, ProviderMinute] = field(default_factory=dict)
 
 
+def provider_failed(status: int) -> bool:
+    """A failure of the provider, not of the request (the statuses routing fails over on)."""
+    return status >= 500 or status in (408, 429)
+
+
 def percentile(counts: list[int], fraction: float) -> float | None:
     """The upper bound of the histogram bucket holding that fraction of the samples."""
     total = sum(counts)
@@ -83,8 +88,10 @@ class MinuteSeries:
             bucket.errors[row["error"]] = bucket.errors.get(row["error"], 0) + 1
         if row["retries"]:
             bucket.errors["retry"] = bucket.errors.get("retry", 0) + row["retries"]
+        if row["failover"]:
+            bucket.errors["failover"] = bucket.errors.get("failover", 0) + len(row["failover"])
         provider = bucket.providers.setdefault(row["provider"], ProviderMinute())
-        provider.add(row["status"] < 400, row["ttfb"])
+        provider.add(not provider_failed(row["status"]), row["ttfb"])
 
     def window(self, now: float, minutes: int) -> list[Minute]:
         first = int(now // 60) - minutes + 1

@@ -204,8 +204,7 @@ function renderNow() {
     list.replaceChildren(el("div", { class: "placeholder", text: "Nothing in flight." }));
     return;
   }
-  list.replaceChildren(...flights.map((f) => el("div", { class: "flight", "data-id": f.id },
-    el("span", { class: "mono", title: f.id, text: shortId(f.id) }),
+  list.replaceChildren(...flights.map((f) => el("div", { class: "flight", "data-id": f.id, title: f.id },
     el("span", { title: f.client_model, text: f.client_model }),
     el("span", { title: `${f.provider} · ${f.model}`, text: `→ ${f.provider} · ${f.model}` }),
     el("span", { class: "muted", text: f.route }),
@@ -220,15 +219,15 @@ function renderProviders() {
   list.replaceChildren(...providers.map((p) => {
     const cooling = p.state !== "healthy" && p.state !== "unknown";
     const until = p.until ? ` until ${clock(p.until)}` : "";
-    const percent = (fraction) => `${(fraction * 100).toFixed(fraction === 1 ? 0 : 1)}%`;
+    const percent = (fraction) => `${(fraction * 100).toFixed(fraction === 1 || fraction === 0 ? 0 : 1)}%`;
     const recent = p.success_rate === null || p.success_rate === undefined
       ? "no requests in 15 min" : `${percent(p.success_rate)} ok of ${int(p.requests)} in 15 min`;
-    const since = p.attempts ? ` · ${percent(p.succeeded / p.attempts)} of ${int(p.attempts)} attempts since start` : "";
-    const rate = recent + since;
+    const since = p.attempts ? `${percent(p.succeeded / p.attempts)} of ${int(p.attempts)} attempts since start` : "no attempts since start";
     return el("div", { class: "provider", "data-provider": p.name },
       el("div", {}, el("span", { class: "name", text: p.name }), " ",
         el("span", { class: "state " + (cooling ? "cooling" : p.state), text: p.state + until })),
-      el("div", { class: "stats", text: rate }),
+      el("div", { class: "stats", text: recent }),
+      el("div", { class: "stats", text: since }),
       el("div", { class: "stats", text: `first byte p50 ${millis(p.p50)} · p95 ${millis(p.p95)}` }),
       p.last_error ? el("div", { class: "err", title: p.last_error, text: p.last_error }) : null);
   }));
