@@ -140,6 +140,9 @@ def test_secrets_are_redacted_as_in_the_logs() -> None:
                            "note": 'authorization: "Bearer tok123456789"'}).decode()
     assert UPSTREAM_KEY not in text and "abc12345xyz" not in text and "tok123456789" not in text
     assert orjson.loads(text)["a"] == "key [REDACTED]"
+    # A redaction that would cut a JSON escape in two falls back to value by value.
+    escaped = recorder.dumps({"note": 'api-key: abc12345\\"rest'}).decode()
+    assert orjson.loads(escaped) == {"note": 'api-key: [REDACTED]"rest'}
 
 
 # ---------------------------------------------------------------- over HTTP

@@ -297,7 +297,11 @@ class Recorder:
 
     def dumps(self, data: Any) -> bytes:
         """JSON for the page, every secret redacted exactly as the logs do (logs.redact)."""
-        text = redact(orjson.dumps(data).decode(), self._secrets)
+        raw = orjson.dumps(data)
+        text = raw.decode()
+        if not _may_hold_a_secret(text, self._secrets):
+            return raw
+        text = redact(text, self._secrets)
         try:
             orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -307,6 +311,16 @@ class Recorder:
 
 
 SECRET_FIELDS = frozenset({"authorization", "x-api-key", "api-key"})
+REDACTION_CUES = ("authorization", "api-key", "bearer", "sk-")
+"""Every pattern of logs.redact needs one of these (case-insensitive) to match at all."""
+
+
+def _may_hold_a_secret(text: str, secrets: list[str]) -> bool:
+    """Whether logs.redact could change the text: a cheap test that spares the regexes on
+    the usual payload (a snapshot of 1000 rows: ~45 ms of regex otherwise)."""
+    lowered = text.lower()
+    return (any(cue in lowered for cue in REDACTION_CUES)
+            or any(secret in text for secret in secrets))
 
 
 def _redact_values(data: Any, secrets: list[str]) -> Any:
