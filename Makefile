@@ -11,7 +11,7 @@ export CLAUDE_BIN
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test lint typecheck unit bench clean browser
+.PHONY: run test test-container lint typecheck unit bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ run: $(VENV)/.installed
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
 test: $(VENV)/.installed-test $(CLAUDE_BIN) browser lint typecheck
 	$(BIN)/python -m pytest
+
+## test-container: build the image with docker or podman, run it, check it from outside
+test-container: $(VENV)/.installed-test
+	$(BIN)/python -m tests.container
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests

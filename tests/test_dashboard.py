@@ -177,7 +177,8 @@ def test_inspector_shows_the_request_and_its_answer(
     assert (row["client_model"], row["provider"], row["model"], row["status"], row["stream"],
             row["retries"], row["stop"]) == ("claude-sonnet-4-6", "deepseek",
                                              "deepseek-reasoner", 200, True, 1, "end_turn")
-    assert row["tokens"] == {"input": 50, "output": 7, "reasoning": 0, "cached": 0}
+    assert row["tokens"] == {"input": 50, "output": 7, "reasoning": 0, "cached": 0,
+                             "cache_write": 0}
     events = [event for _, event, _ in row["timeline"]]
     assert events == ["received", "upstream request", "retry", "first upstream byte",
                       "first client byte", "end"]

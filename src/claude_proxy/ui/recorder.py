@@ -30,7 +30,7 @@ from claude_proxy.access import RequestRecord
 from claude_proxy.logs import REDACTED, redact
 from claude_proxy.routing.providers import Provider
 from claude_proxy.ui.inspect import error_of, inspector_view
-from claude_proxy.ui.series import MinuteSeries
+from claude_proxy.ui.series import TOKEN_KINDS, MinuteSeries
 
 logger = logging.getLogger("claude_proxy.ui")
 
@@ -166,8 +166,7 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "stream": record.stream,
         "ttfb": ms(record.started, record.first_byte),
         "total": ms(record.started, finished),
-        "tokens": {kind: record.tokens.get(kind, 0)
-                   for kind in ("input", "output", "reasoning", "cached")},
+        "tokens": {kind: record.tokens.get(kind, 0) for kind in TOKEN_KINDS},
         "stop": stop_reason_of(record),
         "error": error.get("type") if error else None,
         "retries": sum(1 for _, event, _ in record.timeline if event == "retry"),

@@ -15,7 +15,8 @@ from typing import Any
 
 # 1 ms to ~8 minutes, each bound 30% above the one before: a percentile is within 30%.
 TTFB_BOUNDS_MS = tuple(1.3 ** power for power in range(51))
-TOKEN_KINDS = ("input", "output", "reasoning", "cached")
+TOKEN_KINDS = ("input", "output", "reasoning", "cached", "cache_write")
+"""`cached` is what was read from the prompt cache, `cache_write` what was written to it."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ const state = {
 
 const PALETTE = ["#2f81f7", "#e8834a", "#3fb950", "#a371f7", "#db61a2", "#d29922", "#56d4dd", "#f85149"];
 const STATUS_COLORS = { 2: "var(--ok)", 4: "var(--warn)", 5: "var(--bad)" };
-const TOKEN_COLORS = { input: "#2f81f7", output: "#3fb950", reasoning: "#a371f7", cached: "#56d4dd" };
+const TOKEN_COLORS = { input: "#2f81f7", output: "#3fb950", reasoning: "#a371f7", cached: "#56d4dd", cache_write: "#db61a2" };
 const SVG = "http://www.w3.org/2000/svg";
 
 // ------------------------------------------------------------------ small helpers
@@ -132,7 +132,7 @@ function rowElement(row) {
     el("td", { class: "num c-in", text: int(t.input) }),
     el("td", { class: "num c-out", text: int(t.output) }),
     el("td", { class: "num c-reason", text: int(t.reasoning) }),
-    el("td", { class: "num c-cached", text: int(t.cached) }),
+    el("td", { class: "num c-cached", title: `read from the cache ${int(t.cached)} · written ${int(t.cache_write)}`, text: int(t.cached) }),
     el("td", { class: "c-stop", text: row.stop || "–" }),
     el("td", { class: "c-error errtype", title: row.error || "", text: row.error || "" }));
 }
@@ -426,7 +426,7 @@ function renderInspector(id, view) {
       fact("kind", row.stream ? "stream" : "json"), fact("first byte", millis(row.ttfb)), fact("total", millis(row.total)),
       fact("stop reason", row.stop || "–"),
       fact("input tokens", int(t.input)), fact("output tokens", int(t.output)),
-      fact("reasoning tokens", int(t.reasoning)), fact("cached tokens", int(t.cached)))));
+      fact("reasoning tokens", int(t.reasoning)), fact("cache read / written", `${int(t.cached)} / ${int(t.cache_write)}`))));
     parts.push(section("Timeline", timelineView(row.timeline)));
   }
   if (view.error) parts.push(section("Error", el("pre", { class: "error", text: `${view.error.type}: ${view.error.message}` })));
