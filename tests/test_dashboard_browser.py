@@ -388,3 +388,15 @@ def test_failover_and_cooldown_in_rows_and_providers(
     tab.shot("dashboard-failover")
     assert tab.errors == []
     tab.close()
+
+
+def test_page_says_which_worker_it_shows(proxy: ProxyServer, browser: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several workers (claude-proxy --workers 3 sets the variable), the page says it
+    shows one of them."""
+    monkeypatch.setenv("CLAUDE_PROXY_WORKERS", "3")
+    tab = Page(browser, f"{proxy.url}/ui")
+    assert tab.page.inner_text("#scope") == (
+        f"this worker (pid {os.getpid()}) of 3 — each worker shows only the requests it served")
+    assert tab.errors == []
+    tab.close()
