@@ -134,6 +134,21 @@ def test_upstream_view_marks_what_the_proxy_added() -> None:
     assert view["messages"][0]["added"] == ["reasoning_content"]
 
 
+def test_upstream_view_of_a_responses_api_request() -> None:
+    client = {"model": "claude-opus-4-5", "max_tokens": 64000, "tools": [{"name": "Bash"}]}
+    upstream = {"model": "gpt-5", "max_output_tokens": 32000,
+                "reasoning": {"effort": "high", "summary": "auto"},
+                "tools": [{"type": "function", "name": "Bash"}],
+                "input": [{"role": "user", "content": "hi"},
+                          {"type": "function_call", "name": "Bash", "arguments": "{}"}]}
+    view = upstream_view(client, upstream, {"reasoning": upstream["reasoning"]})
+    added = {field["name"]: field["added"] for field in view["fields"]}
+    assert added == {"model": None, "max_output_tokens": "clamped from 64000",
+                     "reasoning": "reasoning field added by the proxy"}
+    assert view["tools"] == ["Bash"] and view["dropped_tools"] == []
+    assert [m["role"] for m in view["messages"]] == ["user", "function_call"]
+
+
 def test_secrets_are_redacted_as_in_the_logs() -> None:
     recorder = Recorder(inspect=5, secrets=[UPSTREAM_KEY], health=list)
     text = recorder.dumps({"a": f"key {UPSTREAM_KEY}", "headers": {"x-api-key": "abc12345xyz"},

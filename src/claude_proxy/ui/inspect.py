@@ -18,7 +18,9 @@ logger = logging.getLogger("claude_proxy.ui")
 
 MAX_TEXT = 20_000
 """Longer strings are cut in the views (a file read by a tool can be megabytes)."""
-HEAVY_UPSTREAM_FIELDS = ("messages", "tools")
+HEAVY_UPSTREAM_FIELDS = ("messages", "input", "tools")
+"""Shown collapsed: Chat Completions `messages`, Responses `input`, and the tools."""
+OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 def cut(text: str, limit: int = MAX_TEXT) -> str:
@@ -102,7 +104,7 @@ def why_added(name: str, value: Any, client: dict[str, Any], added: dict[str, An
     """Why the proxy put this top-level field in the upstream request, if it did."""
     if name in added:
         return "reasoning field added by the proxy"
-    if name in ("max_tokens", "max_completion_tokens") and value != client.get("max_tokens"):
+    if name in OUTPUT_LIMITS and value != client.get("max_tokens"):
         return f"clamped from {client.get('max_tokens')}"
     if name == "stream_options":
         return "added so the upstream reports usage"
@@ -114,20 +116,23 @@ def upstream_view(client: dict[str, Any], upstream: dict[str, Any],
     """The request as sent upstream, each field the proxy added or changed marked with why."""
     fields = [{"name": name, "value": value, "added": why_added(name, value, client, added)}
               for name, value in upstream.items() if name not in HEAVY_UPSTREAM_FIELDS]
-    sent_tools = _tool_names(upstream.get("tools"), "function", "name")
+    sent_tools = (_tool_names(upstream.get("tools"), "function", "name")
+                  + _tool_names(upstream.get("tools"), "name"))
     dropped = [name for name in _tool_names(client.get("tools"), "name")
                if name not in sent_tools]
     messages = []
-    for message in upstream.get("messages", []):
+    items = upstream.get("messages", upstream.get("input"))
+    for message in items if isinstance(items, list) else []:
         if not isinstance(message, dict):
             continue
         content = message.get("content")
         text = content if isinstance(content, str) else orjson.dumps(content).decode()
         extra = {key: (cut(value) if isinstance(value, str) else value)
                  for key, value in message.items()
-                 if key not in ("role", "content", "tool_calls", "tool_call_id", "name")}
+                 if key not in ("role", "content", "tool_calls", "tool_call_id", "name", "type")}
         messages.append({
-            "role": message.get("role"), "text": cut(text) if content is not None else "",
+            "role": message.get("role") or message.get("type"),
+            "text": cut(text) if content is not None else "",
             "tool_calls": _tool_names(message.get("tool_calls"), "function", "name"),
             "extra": extra, "added": sorted(key for key in extra if key in added)})
     return {"fields": fields, "messages": messages, "tools": sent_tools,
