@@ -202,6 +202,7 @@ class MessagesService:
         cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
+            self._note_route(record, candidate, walk)  # an error is then the last one tried
             try:
                 attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
             except ProxyError as error:
@@ -212,7 +213,6 @@ class MessagesService:
                 provider.health.release()
             provider.health.record_success()
             self._count(candidate, "ok")
-            self._note_route(record, candidate, walk)
             return attempt, result
         raise self._all_failed(walk, estimate)
 
@@ -274,6 +274,7 @@ class MessagesService:
                           error_type="overloaded_error")
 
     def _note_route(self, record: RequestRecord, candidate: Candidate, walk: _Walk) -> None:
+        """The candidate being tried, and the providers that failed before it."""
         record.provider, record.route = candidate.provider, candidate.route
         record.upstream_model = candidate.model
         record.failover = [c.provider for c, _ in walk.failures]
