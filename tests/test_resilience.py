@@ -301,6 +301,17 @@ def test_disconnect_before_first_byte_cancels_upstream(
     assert_pool_settles(proxy)
 
 
+def test_finished_streams_leave_their_upstream_connection_for_the_next(
+        proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """A stream read to its `[DONE]` is read to its body's end too, so its connection goes
+    back to the pool: three streams in a row use one upstream connection."""
+    for n in range(3):
+        upstream.queue(text_stream([f"answer {n}"]))
+        assert accumulate(events_of(post(proxy)))["content"][0]["text"] == f"answer {n}"
+        assert_pool_settles(proxy)
+        assert proxy.app.state.service.client.connection_counts() == {"active": 0, "idle": 1}
+
+
 def test_proxy_keeps_working_after_faults(proxy: ProxyServer,
                                           upstream: ScriptedUpstream) -> None:
     upstream.queue(text_stream(["still ", "fine"]), completion({"content": "also fine"}))

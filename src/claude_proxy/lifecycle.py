@@ -30,6 +30,10 @@ sse_logger = logging.getLogger("claude_proxy.sse")
 T = TypeVar("T")
 
 
+DRAIN_GRACE = 1.0
+"""Seconds a finished stream's reader may take to read the end of the upstream body."""
+
+
 class ClientDisconnected(Exception):
     """The client closed the connection before the response started."""
 
@@ -124,7 +128,8 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     metrics.active_streams.inc()
     try:
         yield _frame(converter.start(), sent)
-        while not pump.finished or pump.chunks:
+        # After [DONE] the reader only drains the body's end: it is not waited for.
+        while not (pump.finished or stream.said_done) or pump.chunks:
             chunks = await pump.take()
             if loop.time() > deadline:
                 raise deadline_error()
@@ -146,10 +151,14 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     finally:
         metrics.active_streams.dec()
         record_usage(converter.usage(), converter.reasoning_tokens())
-        reader.cancel()
         # The relay may be finishing because it was cancelled (the client left): shield the
         # clean-up, or its first await would be cancelled too and the upstream left open.
         with anyio.CancelScope(shield=True):
+            if stream.said_done and not reader.done():
+                # The body's end is normally already read or on its way; a reader cut off
+                # there loses the connection, and the next request pays for a new one.
+                await asyncio.wait({reader}, timeout=DRAIN_GRACE)
+            reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             await stream.aclose()
 

@@ -51,6 +51,9 @@ class UpstreamStream:
         self._first: list[Chunk] = []
         self._wire = wire
         self.complete = batches is not None  # a buffered answer is whole by construction
+        self.said_done = False
+        """The batch that ended in `[DONE]` has been taken: nothing more will come, though the
+        rest of the body (its terminator) may still be being read."""
 
     async def prefetch(self) -> None:
         """Read ahead to the first chunk that is more than a preamble (raising ProxyError if
@@ -83,25 +86,34 @@ class UpstreamStream:
         httpx-sse's own decoders do the SSE parsing (comments, `data:` without a space,
         CRLF); they are fed one decoded read at a time so that a read's chunks stay together.
         A malformed JSON payload is skipped and logged.
+
+        After `[DONE]` the body is still read to its end (the chunked-encoding terminator that
+        follows it), without waiting for it: a response closed before its end takes its
+        connection with it, and the next request would pay for a new one.
         """
         assert self._response is not None
         lines, events = SSELineDecoder(), SSEDecoder()
+        done = False
         try:
             async for text in self._response.aiter_text():
+                if done:
+                    continue
                 batch: list[Chunk] = []
                 for line in lines.decode(text):
                     event = events.decode(line)
                     if event is None or not event.data:
                         continue
                     if event.data.strip() == "[DONE]":
-                        self.complete = True
-                        yield batch
-                        return
+                        self.complete = done = True
+                        break
                     chunk = _parse_chunk(event.data)
                     if chunk is not None:
                         batch.append(chunk)
                 yield batch  # possibly empty (a comment): the relay still sees time pass
+                self.said_done = done  # the consumer has taken the last batch
         except httpx.HTTPError as exc:
+            if done:
+                return  # the answer was whole; only its connection is lost
             raise _transport_error(exc) from exc
 
 
