@@ -138,7 +138,8 @@ class AccessLogMiddleware:
         if record.path in QUIET_PATHS:
             logger.debug(record.line(finished))
             return
-        logger.info(record.line(finished))
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(record.line(finished))
         self._observe(record, finished)
         if self.observer is not None:
             self.observer.finished(record, finished)

@@ -116,8 +116,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     recorder = dashboard_recorder(app, config)
     app.state.recorder = recorder
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder)
-    if recorder is not None:
-        app.include_router(dashboard_router(settings, recorder))
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -185,6 +183,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(await before_first_byte(request, service.create(body, session),
                                                      deadline))
 
+    if recorder is not None:
+        # After the API's routes: every request is matched against the routes in order.
+        app.include_router(dashboard_router(settings, recorder))
     return app
 
 

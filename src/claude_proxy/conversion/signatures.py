@@ -66,12 +66,17 @@ def _unb64(text: str) -> bytes:
 class ThinkingSigner:
     def __init__(self, secret: str | None = None) -> None:
         self._key = (secret or secrets.token_hex(32)).encode("utf-8")
+        self._fingerprints: dict[str, str] = {}
 
     def key_fingerprint(self, upstream_key: str) -> str:
-        """A short keyed digest of an upstream key: tells keys apart, reveals nothing."""
-        digest = hmac.new(self._key, b"upstream-key\0" + upstream_key.encode("utf-8"),
-                          hashlib.sha256).digest()
-        return _b64(digest[:6])
+        """A short keyed digest of an upstream key: tells keys apart, reveals nothing.
+        Computed once per key (there is one per provider; every request asks twice)."""
+        known = self._fingerprints.get(upstream_key)
+        if known is None:
+            digest = hmac.new(self._key, b"upstream-key\0" + upstream_key.encode("utf-8"),
+                              hashlib.sha256).digest()
+            known = self._fingerprints[upstream_key] = _b64(digest[:6])
+        return known
 
     def sign(self, thinking: str, opaque: list[dict[str, Any]] | None = None, /, *,
              origin: Origin | None = None) -> str:
