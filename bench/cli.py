@@ -214,6 +214,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
           f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}, "
           f"{meta['install']} install")
     print(report.table(document["scenarios"], checked))
+    if document["scenarios"].get("components"):
+        print()
+        print(report.components_table(document["scenarios"]["components"], checked))
     if "session" in document["scenarios"]:
         print()
         print(session.table(document["scenarios"]["session"]))
@@ -271,6 +274,22 @@ def server_python(install: str, meta: dict[str, Any]) -> Path:
     return python
 
 
+def components(python: Path, nonstream: dict[str, Any]) -> dict[str, Any]:
+    """Routing, dashboard and inspector per request (bench/components.py, in the same
+    install), and their share of the proxy's server CPU per non-streaming request."""
+    run = subprocess.run([str(python), str(ROOT / "bench" / "components.py")],
+                         capture_output=True, text=True, timeout=120, cwd=python.parent)
+    if run.returncode != 0:
+        log(f"warning: bench/components.py failed:\n{run.stderr[-2000:]}")
+        return {}
+    measured: dict[str, Any] = orjson.loads(run.stdout)
+    total = sum(measured.values())
+    per_request = nonstream.get("proxy", {}).get("server_cpu_ms", float("nan"))
+    measured["total_us"] = round(total, 2)
+    measured["share_pct"] = round(100 * total / (1000 * per_request), 2)
+    return measured
+
+
 def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[str, Any],
         profiler: Profiler | None) -> dict[str, Any]:
     python = server_python(args.install, meta)
@@ -287,6 +306,9 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             bench = make_bench(proxy, upstream, args.scale, profiler, floor)
             results = asyncio.run(run_scenarios(
                 bench, [name for name in names if name in SCENARIOS], profiler))
+        if "nonstream_latency" in results:
+            log("[components]")
+            results["components"] = components(python, results["nonstream_latency"])
         if "session" in names:
             log("[session]")
             results["session"] = session.run_session(workdir, log, python)

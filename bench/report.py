@@ -68,6 +68,9 @@ def targets(results: Results) -> list[Target]:
                          3.0, unit=" ms"),
                   Target("non-stream server CPU vs floor", proxy_ratio(
                       results, "nonstream_latency", "server_cpu_ms", "floor"), 1.1, unit="x")]
+    if "components" in results:
+        found.append(Target("routing+dashboard+inspector CPU share", get(
+            results, "components", "share_pct"), 5, unit="%"))
     if "first_token" in results:
         found.append(Target("added first text delta", get(results, "first_token",
                                                           "added_ttft_p50_ms"), 1.5, unit=" ms"))
@@ -133,7 +136,8 @@ ROW_TARGETS = {"1. added latency p50": "added median latency",
                "4. concurrent streams wall": "concurrent wall time vs direct",
                "4. concurrent errors": "concurrent errors",
                "5. idle: KiB per open stream": "memory per open stream",
-               "6. server peak RSS after": "peak RSS after load"}
+               "6. server peak RSS after": "peak RSS after load",
+               "7. components": "routing+dashboard+inspector CPU share"}
 
 
 def number(value: float) -> str:
@@ -176,6 +180,21 @@ def table(results: Results, checked: list[Target]) -> str:
                 added = get(results, scenario, added_key)
                 lines.append(f"{added_label:<36} {'':>10} {number(added):>10} {'':>10} "
                              f"{'':>7} {'':>7}  {target_for(added_label, checked)}")
+    return "\n".join(lines)
+
+
+def components_table(measured: Results, checked: list[Target]) -> str:
+    """Routing, dashboard (closed) and inspector: microseconds per request, timed alone in
+    the production install, and their share of the proxy's CPU per non-streaming request."""
+    lines = [f"{'per request, timed alone (µs)':<36} {'routing':>8} {'dashboard':>10} "
+             f"{'inspector':>10} {'total':>8} {'share':>7}  target",
+             "-" * 98]
+    share = get(measured, "share_pct")
+    lines.append(f"{'':<36} {number(get(measured, 'routing_us')):>8} "
+                 f"{number(get(measured, 'dashboard_us')):>10} "
+                 f"{number(get(measured, 'inspector_us')):>10} "
+                 f"{number(get(measured, 'total_us')):>8} {number(share):>6}%  "
+                 f"{target_for('7. components', checked)}")
     return "\n".join(lines)
 
 
