@@ -11,10 +11,19 @@ import re
 import threading
 from typing import Any
 
+from claude_proxy.conversion.structured import StructuredMode
+
 REASONING = "reasoning"
 # Fields the proxy adds that some OpenAI-compatible servers do not know (older Azure
 # api-versions and vLLM/Ollama builds reject stream_options, some reject user).
-OPTIONAL_FIELDS = ("stream_options", "parallel_tool_calls", "user")
+OPTIONAL_FIELDS = ("stream_options", "parallel_tool_calls", "user", "top_k")
+# Structured outputs step down instead of disappearing: a model that refused
+# `response_format: json_schema` gets `json_object` (plus the schema in the system prompt),
+# one that refused that too gets the prompt alone.
+STRUCTURED = "response_format"
+STRUCTURED_JSON_OBJECT = "response_format:json_object"
+_ABOUT_STRUCTURED = re.compile(r"response_format|json_schema|json_object|structured output",
+                               re.IGNORECASE)
 
 # Words a refusal of the reasoning fields names, besides the field names themselves
 # (Ollama: '"x" does not support thinking').
@@ -35,6 +44,24 @@ def refused_optional_fields(message: str, body: dict[str, Any]) -> list[str]:
         return []
     return [name for name in OPTIONAL_FIELDS
             if name in body and re.search(rf"\b{name}\b", message)]
+
+
+def refused_structured(message: str, body: dict[str, Any]) -> list[str]:
+    """[STRUCTURED] or [STRUCTURED_JSON_OBJECT] when an upstream error message rejects the
+    `response_format` we sent, else []."""
+    sent = body.get("response_format")
+    if not isinstance(sent, dict) or not _ABOUT_STRUCTURED.search(message):
+        return []
+    return [STRUCTURED if sent.get("type") == "json_schema" else STRUCTURED_JSON_OBJECT]
+
+
+def structured_mode(refusals: Refusals, model: str) -> StructuredMode:
+    """How to ask this model for a JSON schema, given what it refused before."""
+    if refusals.refuses(model, STRUCTURED_JSON_OBJECT):
+        return "prompt"
+    if refusals.refuses(model, STRUCTURED):
+        return "json_object"
+    return "json_schema"
 
 
 class Refusals:

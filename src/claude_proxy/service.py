@@ -18,6 +18,8 @@ from claude_proxy.capabilities import (
     Refusals,
     names_added_field,
     refused_optional_fields,
+    refused_structured,
+    structured_mode,
 )
 from claude_proxy.config import Settings
 from claude_proxy.conversion.request_converter import (
@@ -67,7 +69,8 @@ class MessagesService:
         record.client_model, record.upstream_model = body["model"], model
         record.stream = bool(body.get("stream"))
         upstream = convert_request(body, self.settings, is_ours=self.is_ours,
-                                   without_reasoning=self.refusals.refuses(model, REASONING))
+                                   without_reasoning=self.refusals.refuses(model, REASONING),
+                                   structured=structured_mode(self.refusals, model))
         for name in OPTIONAL_FIELDS:
             if self.refusals.refuses(model, name):
                 upstream.body.pop(name, None)
@@ -122,6 +125,9 @@ class MessagesService:
         optional = refused_optional_fields(error.message, upstream.body)
         if optional:
             return optional
+        structured = refused_structured(error.message, upstream.body)
+        if structured:
+            return structured
         if upstream.extras and names_added_field(error.message, upstream.extras):
             return [REASONING]
         return []

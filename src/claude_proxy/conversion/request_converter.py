@@ -20,6 +20,11 @@ from claude_proxy.conversion.reasoning import (
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.structured import (
+    StructuredMode,
+    apply_structured_output,
+    requested_schema,
+)
 from claude_proxy.conversion.tool_groups import (
     disabled_groups,
     groups_with_extensions,
@@ -34,6 +39,9 @@ from claude_proxy.conversion.tools import (
 logger = logging.getLogger("claude_proxy.conversion")
 
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
+# Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
+# APIs of the others have no such field.
+TOP_K_PROFILES = frozenset({"vllm", "ollama"})
 
 
 def map_model(requested: str, settings: ProviderSettings) -> str:
@@ -98,11 +106,13 @@ def convert_request(
     *,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     without_reasoning: bool = False,
+    structured: StructuredMode = "json_schema",
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
 
     `is_ours` tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
-    `without_reasoning` leaves every reasoning field out (a model known to refuse them).
+    `without_reasoning` leaves every reasoning field out (a model known to refuse them);
+    `structured` is how a requested JSON schema is asked for (see `structured.py`).
     """
     messages, assistant_turns = convert_messages(request["messages"],
                                                  convert_system(request.get("system")))
@@ -117,8 +127,11 @@ def convert_request(
     if request.get("stream") and not buffered:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    _copy_sampling(request, body)
+    _copy_sampling(request, body, settings)
     _add_tools(request, body, settings)
+    schema = requested_schema(request)
+    if schema is not None:
+        apply_structured_output(body, schema, structured)
     result = UpstreamRequest(body, buffered=buffered)
     if without_reasoning:
         result.thinking = effective_reasoning(request, settings, "tools" in body).level is not None
@@ -150,7 +163,7 @@ def apply_reasoning_parameters(
     if is_reasoning_model:
         # OpenAI reasoning models: max_completion_tokens, and no sampling parameters.
         body["max_completion_tokens"] = body.pop("max_tokens")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "top_k"):
             body.pop(name, None)
         dialect: Dialect = "reasoning_effort"
     else:
@@ -181,8 +194,11 @@ def _without_disabled_groups(tools: list[dict[str, Any]], model: str,
     return kept
 
 
-def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
-    for name in ("temperature", "top_p"):
+def _copy_sampling(request: dict[str, Any], body: dict[str, Any],
+                   settings: ProviderSettings) -> None:
+    names = ("temperature", "top_p", "top_k") if settings.provider_name in TOP_K_PROFILES else (
+        "temperature", "top_p")
+    for name in names:
         if request.get(name) is not None:
             body[name] = request[name]
     stop = request.get("stop_sequences")
