@@ -44,6 +44,10 @@ class Metrics:
         self.retries = Counter("claude_proxy_upstream_retries_total",
                                "Upstream attempts retried before the first byte",
                                registry=registry)
+        self.provider_attempts = Counter(
+            "claude_proxy_provider_attempts_total",
+            "Upstream attempts by provider, route and outcome (ok, failed_over, error)",
+            ["provider", "route", "outcome"], registry=registry)
         self.active_streams = Gauge("claude_proxy_active_streams",
                                     "Streaming responses in progress", registry=registry,
                                     multiprocess_mode="livesum")
