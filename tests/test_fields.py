@@ -202,6 +202,15 @@ def send(proxy: ProxyServer, upstream: ScriptedUpstream, body: dict[str, Any],
     return response, (sent[0] if sent else None)
 
 
+def send_all(proxy: ProxyServer, upstream: ScriptedUpstream,
+             body: dict[str, Any]) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    """Like `send`, for a request the proxy may send upstream more than once."""
+    before = len(upstream.requests)
+    response = httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response, upstream.requests[before:]
+
+
 def test_every_field_row_has_a_test() -> None:
     assert set(CASES) == set(REQUEST_FIELDS)
 
@@ -223,6 +232,29 @@ def test_top_k_is_left_out_for_upstreams_without_it(proxy: ProxyServer,
                                                     upstream: ScriptedUpstream) -> None:
     response, sent = send(proxy, upstream, {**MINIMAL, "top_k": 40})
     assert response.status_code == 200 and sent is not None and "top_k" not in sent
+
+
+def test_a_refused_top_k_is_dropped_and_remembered(
+        proxies: dict[str, ProxyServer], upstream: ScriptedUpstream) -> None:
+    upstream.queue(error_reply(400, "Unrecognized request argument supplied: top_k"))
+    body = {**MINIMAL, "model": "top-k-refuser", "top_k": 40}
+    for _ in range(2):
+        response, _ = send_all(proxies["vllm"], upstream, body)
+        assert response.json()["content"][0]["text"] == "scripted default"
+    assert [request.get("top_k") for request in upstream.requests] == [40, None, None]
+
+
+@pytest.mark.parametrize(("fields", "name"), [
+    ({"output_config": {"format": {"type": "regex", "pattern": "a+"}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+    ({"output_format": {"type": "json_schema", "schema": "not an object"}}, "output_format"),
+])
+def test_other_output_formats_are_refused(fields: dict[str, Any], name: str, proxy: ProxyServer,
+                                          upstream: ScriptedUpstream) -> None:
+    response, sent = send(proxy, upstream, {**MINIMAL, **fields})
+    assert response.status_code == 400 and sent is None
+    assert response.json()["error"]["message"] == (
+        f'{name}: only {{"type": "json_schema", "schema": {{…}}}} is supported')
 
 
 def test_thread_refusal_comes_before_other_refusals(proxy: ProxyServer,
@@ -287,7 +319,9 @@ def test_unknown_fields_and_betas_are_logged_once(proxy: ProxyServer, upstream: 
 
 def test_readme_has_the_code_table() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert markdown_tables() in readme
+    assert markdown_tables() in readme, (
+        "README's field tables differ from the code's: paste the output of "
+        "`python -m claude_proxy.conversion.fields`")
 
 
 # ------------------------------------------------------------------ structured outputs

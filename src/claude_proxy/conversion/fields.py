@@ -67,7 +67,8 @@ REQUEST_FIELDS: dict[str, Rule] = {
     "output_config.effort": Rule(T, "→ the reasoning effort in the provider's dialect"),
     "output_config.format": Rule(T, "`json_schema` → `response_format: json_schema` (strict); "
                                     "a provider that refuses it gets `json_object` plus the "
-                                    "schema in the system prompt; the JSON comes back as text"),
+                                    "schema in the system prompt; the JSON comes back as text; "
+                                    "any other format is refused (400)"),
     "output_config.task_budget": Rule(IGN, "a token budget hint for agent loops; the answer's "
                                            "shape does not depend on it"),
     "output_format": Rule(T, "the older beta spelling of `output_config.format`, translated "
@@ -165,6 +166,21 @@ def refuse_unsupported(body: Mapping[str, Any]) -> None:
     raise ProxyError(400, f"{name}: not supported by this proxy ({REQUEST_FIELDS[name].how})")
 
 
+def refuse_unknown_format(body: Mapping[str, Any]) -> None:
+    """An `output_config.format` (or `output_format`) other than a `json_schema` with a schema
+    object would otherwise be dropped, and the client would get free text it cannot parse."""
+    config = body.get("output_config")
+    for name, value in (("output_config.format",
+                         config.get("format") if isinstance(config, dict) else None),
+                        ("output_format", body.get("output_format"))):
+        if value is None:
+            continue
+        if not (isinstance(value, dict) and value.get("type") == "json_schema"
+                and isinstance(value.get("schema"), dict)):
+            raise ProxyError(400, f"{name}: only {{\"type\": \"json_schema\", \"schema\": "
+                                  f"{{…}}}} is supported")
+
+
 class FirstSight:
     """Names already logged, so each unknown name is logged once. Per process: with several
     workers, each worker logs a new name once."""
@@ -209,6 +225,7 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
     log_unknown(body, beta_header)
     if refuse:
         refuse_unsupported(body)
+        refuse_unknown_format(body)
 
 
 def markdown_tables() -> str:
@@ -221,3 +238,7 @@ def _table(title: str, rows: Iterable[tuple[str, Rule]]) -> list[str]:
     lines = [f"| {title} | treatment | what the proxy does |", "|---|---|---|"]
     lines += [f"| `{name}` | {rule.treatment} | {rule.how} |" for name, rule in rows]
     return lines
+
+
+if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields` prints the README tables
+    print(markdown_tables())
