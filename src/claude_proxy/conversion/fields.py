@@ -43,7 +43,8 @@ T, IGN, REF = Treatment.TRANSLATED, Treatment.IGNORED, Treatment.REFUSED
 # the Python SDK 2.12 `MessageCreateParams` and its beta twin, plus the sampling fields older
 # clients (and Claude Code) still send. `output_config` is listed per member.
 REQUEST_FIELDS: dict[str, Rule] = {
-    "model": Rule(T, "opus/sonnet/haiku names → BIG/MIDDLE/SMALL_MODEL, other names unchanged; "
+    "model": Rule(T, "→ the provider and upstream model the router picks (by default "
+                     "opus/sonnet/haiku → BIG/MIDDLE/SMALL_MODEL, other names unchanged); "
                      "answers echo the requested name"),
     "messages": Rule(T, "→ `messages` (tool results as `tool` messages, images as `image_url`, "
                         "thinking passed back per the reasoning dialect)"),
