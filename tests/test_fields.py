@@ -16,13 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
+from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.fields import (
     BETA_VALUES,
     REQUEST_FIELDS,
     Treatment,
     markdown_tables,
 )
-from claude_proxy.conversion.structured import schema_instruction
+from claude_proxy.conversion.structured import apply_structured_output, schema_instruction
 from tests.conftest import ProxyServer, load_fixture
 from tests.scripted_upstream import ScriptedUpstream, completion, error_reply
 
@@ -138,7 +139,9 @@ CASES: dict[str, Case] = {
     "temperature": Case({"temperature": 0.25}, adds(temperature=0.25)),
     "top_p": Case({"top_p": 0.5}, adds(top_p=0.5)),
     "top_k": Case({"top_k": 40}, adds(top_k=40), profile="vllm"),
-    "metadata": Case({"metadata": {"user_id": "user-7"}}, adds(user="user-7")),
+    "metadata": Case({"metadata": {"user_id": "user-7"}},
+                     adds(user="user-7", prompt_cache_key=session_cache_key(
+                         None, {"metadata": {"user_id": "user-7"}}))),
     "tools": Case({"tools": [TOOL]}, adds(tools=[{"type": "function", "function": {
         "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])),
@@ -376,3 +379,29 @@ def test_count_tokens_counts_the_schema(proxy: ProxyServer) -> None:
                                                                "schema": SCHEMA}}})
     assert with_schema == count({**base, "system": schema_instruction(SCHEMA)})
     assert with_schema > count(base) + 40
+
+
+@pytest.mark.parametrize(("messages", "system"), [
+    ([{"role": "user", "content": "hi"}], None),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+     "Be brief."),
+    ([{"role": "system", "content": [{"type": "text", "text": "Be brief.",
+                                      "cache_control": {"type": "ephemeral"}}]},
+      {"role": "user", "content": "hi"}], "parts"),
+])
+def test_the_schema_prompt_joins_the_one_system_message(messages: list[dict[str, Any]],
+                                                        system: str | None) -> None:
+    """Whatever shape the system message has (none, a string, parts kept for caching), the
+    schema text joins it: never a second system message, which some templates refuse."""
+    body = {"model": "m", "messages": [dict(message) for message in messages]}
+    apply_structured_output(body, SCHEMA, "json_object")
+    instruction = schema_instruction(SCHEMA)
+    assert body["response_format"] == {"type": "json_object"}
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    content = body["messages"][0]["content"]
+    if system is None:
+        assert content == instruction
+    elif system == "parts":
+        assert content == [*messages[0]["content"], {"type": "text", "text": instruction}]
+    else:
+        assert content == f"{system}\n\n{instruction}"

@@ -36,6 +36,7 @@ Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter
                   "chat_template_kwargs"]
 Passback = Literal["reasoning_content", "reasoning", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
+CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
 
 OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 
@@ -149,6 +150,10 @@ class ProviderSettings(BaseModel):
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
+    prompt_cache: CacheMode | None = None
+    """How the client's `cache_control` breakpoints reach this upstream; unset means the
+    default for the profile and model (`conversion/caching.py`)."""
+
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "buffer_stream_model_prefixes", mode="before")
     @classmethod
@@ -159,7 +164,7 @@ class ProviderSettings(BaseModel):
         return value
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
-                     "reasoning_passback", mode="before")
+                     "reasoning_passback", "prompt_cache", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":

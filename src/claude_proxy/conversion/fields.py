@@ -58,7 +58,8 @@ REQUEST_FIELDS: dict[str, Rule] = {
     "top_p": Rule(T, "→ `top_p` (left out for OpenAI reasoning models)"),
     "top_k": Rule(T, "→ `top_k` for the vllm (also SGLang) and ollama profiles; other "
                      "upstreams have no such field, so it is left out there"),
-    "metadata": Rule(T, "`metadata.user_id` → `user` (dropped for a model that refuses it)"),
+    "metadata": Rule(T, "`metadata.user_id` → `user` (dropped for a model that refuses it), "
+                        "and hashed → `prompt_cache_key` where the provider takes one"),
     "tools": Rule(T, "custom tools → `tools` functions (schemas cleaned); server tools and "
                      "unloaded `defer_loading` tools left out"),
     "tool_choice": Rule(T, "→ `tool_choice`; `disable_parallel_tool_use` → "
@@ -76,8 +77,8 @@ REQUEST_FIELDS: dict[str, Rule] = {
                              "the same way"),
     "context_management": Rule(IGN, "Claude Code's `clear_thinking` edits: the proxy sends "
                                     "the history it is given"),
-    "cache_control": Rule(IGN, "prompt caching is the upstream's own (automatic where it "
-                               "exists)"),
+    "cache_control": Rule(IGN, "the top-level marker: automatic-caching upstreams cache the "
+                               "prefix anyway (block markers follow PROMPT_CACHE)"),
     "service_tier": Rule(IGN, "capacity choice; the upstream has one tier"),
     "speed": Rule(IGN, "fast mode is a latency choice, not a different answer"),
     "inference_geo": Rule(IGN, "the upstream's region is its configuration"),

@@ -57,9 +57,12 @@ def apply_structured_output(body: dict[str, Any], schema: dict[str, Any],
 
 
 def _add_to_system_prompt(messages: list[dict[str, Any]], text: str) -> None:
+    """Appended to the leading system message (a string, or parts kept for prompt caching),
+    or as one; never a second system message, which some chat templates refuse."""
     first = messages[0] if messages else None
-    if first is not None and first.get("role") == "system" and isinstance(
-            first.get("content"), str):
-        first["content"] = f"{first['content']}\n\n{text}"
-    else:
+    if first is None or first.get("role") != "system":
         messages.insert(0, {"role": "system", "content": text})
+    elif isinstance(first.get("content"), list):
+        first["content"] = [*first["content"], {"type": "text", "text": text}]
+    else:
+        first["content"] = f"{first.get('content') or ''}\n\n{text}"
