@@ -13,7 +13,7 @@ export CLAUDE_BIN
 JS_CLIENTS_DIR := .cache/js
 JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test test-container lint typecheck unit bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ run: $(VENV)/.installed
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
 test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) lint typecheck
 	$(BIN)/python -m pytest
+
+## test-container: build the image with docker or podman, run it, check it from outside
+test-container: $(VENV)/.installed-test
+	$(BIN)/python -m tests.container
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests
