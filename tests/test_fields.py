@@ -25,7 +25,7 @@ from claude_proxy.conversion.fields import (
 )
 from claude_proxy.conversion.structured import apply_structured_output, schema_instruction
 from tests.conftest import ProxyServer, load_fixture
-from tests.scripted_upstream import ScriptedUpstream, completion, error_reply
+from tests.scripted_upstream import Reply, ScriptedUpstream, completion, error_reply
 
 MINIMAL: dict[str, Any] = {"model": "claude-sonnet-4-6", "max_tokens": 100,
                            "messages": [{"role": "user", "content": "hi"}]}
@@ -114,6 +114,12 @@ def check_structured(sent: Sent) -> None:
     assert json.loads(text) == {"city": "example", "population": 1}
 
 
+def check_effort(sent: Sent) -> None:
+    """gpt-5 goes to /responses: the effort is `reasoning.effort` (the default is medium)."""
+    assert sent.response.status_code == 200 and sent.upstream is not None
+    assert sent.upstream["reasoning"] == {"effort": "low", "summary": "auto"}
+
+
 def check_thread(sent: Sent) -> None:
     assert sent.response.status_code == 400
     assert sent.response.json() == THREAD_REFUSAL
@@ -155,8 +161,7 @@ CASES: dict[str, Case] = {
                      profile="vllm"),
     "output_config.effort": Case({"model": "gpt-5", "thinking": {"type": "adaptive"},
                                   "output_config": {"effort": "low"}},
-                                 adds(model="gpt-5", max_completion_tokens=100,
-                                      reasoning_effort="low")),
+                                 check_effort),
     "output_config.format": Case({"output_config": {"format": {
         "type": "json_schema", "schema": SCHEMA}}}, check_structured),
     "output_config.task_budget": Case({"output_config": {"task_budget": {
@@ -405,3 +410,22 @@ def test_the_schema_prompt_joins_the_one_system_message(messages: list[dict[str,
         assert content == [*messages[0]["content"], {"type": "text", "text": instruction}]
     else:
         assert content == f"{system}\n\n{instruction}"
+
+
+def test_structured_output_on_the_responses_api(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    """OpenAI reasoning models go to /responses, where the schema is `text.format`."""
+    proxy = proxy_factory(provider="openai", middle_model="gpt-5")
+    answer = '{"city": "Lyon", "population": 2}'
+    upstream.queue(Reply(body={
+        "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5",
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status":
+                    "completed", "content": [{"type": "output_text", "text": answer,
+                                              "annotations": []}]}],
+        "usage": {"input_tokens": 30, "output_tokens": 9, "total_tokens": 39}}))
+    response = httpx.post(f"{proxy.url}/v1/messages", json=STRUCTURED, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["content"] == [{"type": "text", "text": answer}]
+    assert upstream.paths == ["/v1/responses"]
+    assert upstream.requests[0]["text"]["format"] == {
+        "type": "json_schema", "name": "response", "schema": CLEAN_SCHEMA, "strict": True}

@@ -24,6 +24,8 @@ from claude_proxy.conversion.caching import (
 from claude_proxy.conversion.structured import StructuredMode
 
 REASONING = "reasoning"
+SUMMARY = "reasoning.summary"
+"""Responses API: reasoning summaries refused (an organisation not verified for them)."""
 # Structured outputs step down instead of disappearing: a model that refused
 # `response_format: json_schema` gets `json_object` (plus the schema in the system prompt),
 # one that refused that too gets the prompt alone.

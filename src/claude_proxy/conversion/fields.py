@@ -69,8 +69,9 @@ REQUEST_FIELDS: dict[str, Rule] = {
     "output_config.effort": Rule(T, "→ the reasoning effort in the provider's dialect"),
     "output_config.format": Rule(T, "`json_schema` → `response_format: json_schema` (strict); "
                                     "a provider that refuses it gets `json_object` plus the "
-                                    "schema in the system prompt; the JSON comes back as text; "
-                                    "any other format is refused (400)"),
+                                    "schema in the system prompt; on the Responses API → "
+                                    "`text.format`; the JSON comes back as text; any other "
+                                    "format is refused (400)"),
     "output_config.task_budget": Rule(IGN, "a token budget hint for agent loops; the answer's "
                                            "shape does not depend on it"),
     "output_format": Rule(T, "the older beta spelling of `output_config.format`, translated "

@@ -56,6 +56,18 @@ def apply_structured_output(body: dict[str, Any], schema: dict[str, Any],
     _add_to_system_prompt(body["messages"], schema_instruction(schema))
 
 
+def apply_responses_structured_output(body: dict[str, Any], request: dict[str, Any]) -> None:
+    """The Responses API's spelling: `text.format` (beside `text.verbosity`, if any). Its
+    models (OpenAI's reasoning models) all take `json_schema`, so there is no step-down."""
+    schema = requested_schema(request)
+    if schema is None:
+        return
+    text = dict(body.get("text") or {})
+    text["format"] = {"type": "json_schema", "name": SCHEMA_NAME,
+                      "schema": clean_schema(schema), "strict": True}
+    body["text"] = text
+
+
 def _add_to_system_prompt(messages: list[dict[str, Any]], text: str) -> None:
     """Appended to the leading system message (a string, or parts kept for prompt caching),
     or as one; never a second system message, which some chat templates refuse."""
