@@ -13,7 +13,10 @@ export CLAUDE_BIN
 JS_CLIENTS_DIR := .cache/js
 JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 
-.PHONY: run test test-container lint typecheck unit bench clean
+CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
+export CHROMIUM
+
+.PHONY: run test test-container lint typecheck unit bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,12 +43,22 @@ $(JS_CLIENTS): tests/js/package.json tests/js/package-lock.json
 	ln -sfn ../../$(JS_CLIENTS_DIR)/node_modules tests/js/node_modules
 	touch $@
 
+## browser: Debian's chromium for the dashboard's browser tests (driven by Playwright; its own
+## browser download is not used)
+browser:
+	@test -x "$(CHROMIUM)" || { echo "installing chromium (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			chromium fonts-dejavu-core >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
+			"the dashboard's browser tests will be skipped"; }
+
 ## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
 run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-container: build the image with docker or podman, run it, check it from outside
