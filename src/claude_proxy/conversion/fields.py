@@ -58,8 +58,9 @@ REQUEST_FIELDS: dict[str, Rule] = {
     "top_p": Rule(T, "→ `top_p` (left out for OpenAI reasoning models)"),
     "top_k": Rule(T, "→ `top_k` for the vllm (also SGLang) and ollama profiles; other "
                      "upstreams have no such field, so it is left out there"),
-    "metadata": Rule(T, "`metadata.user_id` → `user` (dropped for a model that refuses it), "
-                        "and hashed → `prompt_cache_key` where the provider takes one"),
+    "metadata": Rule(T, "`metadata.user_id` hashed → `user` (never the raw value; dropped "
+                        "for a model that refuses it), and → `prompt_cache_key` where the "
+                        "provider takes one"),
     "tools": Rule(T, "custom tools → `tools` functions (schemas cleaned); server tools and "
                      "unloaded `defer_loading` tools left out"),
     "tool_choice": Rule(T, "→ `tool_choice`; `disable_parallel_tool_use` → "

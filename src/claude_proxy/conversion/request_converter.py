@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -255,7 +256,13 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any],
         body["stop"] = list(stop)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        body["user"] = metadata["user_id"]
+        body["user"] = anonymous_user(metadata["user_id"])
+
+
+def anonymous_user(user_id: str) -> str:
+    """`metadata.user_id` as the upstream's `user`: a stable hash, never the raw value
+    (Claude Code's names a device, an account and a session)."""
+    return "user-" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
 
 
 def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: ProviderSettings) -> None:
