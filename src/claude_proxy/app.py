@@ -33,6 +33,9 @@ from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_re
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient
+from claude_proxy.websearch.backends import SearchBackend
+from claude_proxy.websearch.caller import ServiceCaller
+from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
 logger = logging.getLogger("claude_proxy.app")
 
@@ -101,10 +104,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = OpenAIClient(settings, transport=transport, on_retry=metrics.count_retry)
         app.state.service = MessagesService(settings, client, signer, metrics)
+        backend = SearchBackend(settings) if settings.web_search_backend else None
+        app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
+                                      signer, metrics)
         try:
             yield
         finally:
             await client.aclose()
+            if backend is not None:
+                await backend.aclose()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -137,6 +145,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         body = validate_request(MessagesRequest, payload)
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
+        if is_search_request(body):
+            return await search_response(request, body, deadline)
         if body.get("stream"):
             converter, stream = await before_first_byte(request, service.open_stream(body),
                                                         deadline)
@@ -146,6 +156,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(await before_first_byte(request, service.create(body), deadline))
 
     return app
+
+
+async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
+    """A request with the web_search server tool: the search flow answers it."""
+    search: SearchFlow = request.app.state.search
+    plan = search.plan(body)
+    if body.get("stream"):
+        return EventSourceResponse(search.stream(plan, deadline), sep="\n")
+    return json_response(await before_first_byte(request, search.create(plan), deadline))
 
 
 def _install_error_handlers(app: FastAPI) -> None:

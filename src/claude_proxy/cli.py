@@ -22,6 +22,7 @@ from claude_proxy import __version__
 from claude_proxy.app import create_app
 from claude_proxy.config import Settings, load_settings
 from claude_proxy.logs import configure_logging
+from claude_proxy.websearch.backends import configuration_problem
 
 logger = logging.getLogger("claude_proxy")
 
@@ -71,6 +72,9 @@ def read_settings(env_file: Path | None) -> Settings:
             and settings.provider_name not in KEYLESS_PROVIDERS):
         raise ConfigurationError("OPENAI_API_KEY is not set: put the upstream API key in the "
                                  "environment or in the file given with --env-file")
+    search_problem = configuration_problem(settings)
+    if search_problem is not None:
+        raise ConfigurationError(search_problem)
     return settings
 
 
@@ -85,7 +89,17 @@ def startup_line(settings: Settings, host: str, port: int, workers: int) -> str:
             f"(provider {settings.provider_name}); models opus={settings.model_for_tier('big')} "
             f"sonnet={settings.model_for_tier('middle')} "
             f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}; client key "
-            f"{'required' if settings.anthropic_api_key else 'not required'}")
+            f"{'required' if settings.anthropic_api_key else 'not required'}; web search "
+            f"{web_search_line(settings)}")
+
+
+def web_search_line(settings: Settings) -> str:
+    backend = settings.web_search_backend
+    if settings.web_search == "native":
+        return f"native (fallback {backend or 'unavailable'})"
+    if settings.web_search == "off" or backend is None:
+        return "off (answers `unavailable`; set WEB_SEARCH_BACKEND to search)"
+    return f"via {backend}"
 
 
 def tune_garbage_collector() -> None:

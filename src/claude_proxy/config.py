@@ -36,6 +36,8 @@ Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter
                   "chat_template_kwargs"]
 Passback = Literal["reasoning_content", "reasoning", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
+WebSearchMode = Literal["native", "backend", "off"]
+WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
 OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 
@@ -149,6 +151,11 @@ class ProviderSettings(BaseModel):
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
+    web_search: WebSearchMode | None = None
+    """How Claude Code's WebSearch runs for this provider: `native` (the provider's own
+    search), `backend` (the process's WEB_SEARCH_BACKEND; the default when one is set) or
+    `off` (the Anthropic `unavailable` error, never an answer from memory)."""
+
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "buffer_stream_model_prefixes", mode="before")
     @classmethod
@@ -159,7 +166,7 @@ class ProviderSettings(BaseModel):
         return value
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
-                     "reasoning_passback", mode="before")
+                     "reasoning_passback", "web_search", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":
@@ -286,6 +293,13 @@ class Settings(BaseSettings, ProviderSettings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     thinking_signature_secret: SecretStr | None = None
 
+    web_search_backend: WebSearchBackend | None = None
+    web_search_url: str | None = None
+    """SearXNG's base URL; for the keyed services an override of the service's API base."""
+    web_search_api_key: SecretStr | None = None
+    web_search_max_results: int = Field(default=8, ge=1, le=20)
+    web_search_timeout: float = Field(default=15.0, gt=0)
+
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(
@@ -296,10 +310,28 @@ class Settings(BaseSettings, ProviderSettings):
     def _upper_log_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
+    @field_validator("web_search_backend", mode="before")
+    @classmethod
+    def _backend_name(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
+
+    @field_validator("web_search_url", mode="after")
+    @classmethod
+    def _search_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http(s) URL such as http://localhost:8888")
+        return value.strip().rstrip("/")
+
     def process_secrets(self) -> list[str]:
-        """The client key and the signing secret (never an upstream key)."""
+        """The client key, the signing secret and the search key (never an upstream key)."""
         return [secret.get_secret_value() for secret in (self.anthropic_api_key,
-                                                        self.thinking_signature_secret)
+                                                        self.thinking_signature_secret,
+                                                        self.web_search_api_key)
                 if secret is not None and secret.get_secret_value()]
 
     def secrets(self) -> list[str]:

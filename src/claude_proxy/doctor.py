@@ -16,6 +16,7 @@ from claude_proxy.config import Settings
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.upstream import OpenAIClient
+from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
 CLOCK_TOOL = {"name": "get_time", "description": "Current time in ISO format",
@@ -121,6 +122,18 @@ async def check_tools(client: OpenAIClient, settings: Settings, model: str) -> C
                  else "accepted (the model answered without calling the tool)")
 
 
+async def check_search_backend(settings: Settings) -> Check:
+    """One real search, as WebSearch would run it."""
+    backend = SearchBackend(settings)
+    try:
+        hits = await backend.search(Query("claude-proxy doctor", max_results=3))
+    except SearchFailed as failure:
+        return Check("search", False, f"{failure.code}: {failure.reason}")
+    finally:
+        await backend.aclose()
+    return Check("search", True, f"answered with {len(hits)} result{'s' * (len(hits) != 1)}")
+
+
 def configured_models(settings: Settings) -> list[tuple[str, list[str]]]:
     tiers: dict[str, list[str]] = {}
     for tier, name in (("big", "opus"), ("middle", "sonnet"), ("small", "haiku")):
@@ -144,6 +157,10 @@ async def diagnose(settings: Settings) -> tuple[list[str], bool]:
             ok = ok and report.ok
     finally:
         await client.aclose()
+    if settings.web_search_backend:
+        search = await check_search_backend(settings)
+        lines.extend([f"  web search backend {settings.web_search_backend}", search.line()])
+        ok = ok and search.ok
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok

@@ -44,6 +44,10 @@ class Metrics:
         self.retries = Counter("claude_proxy_upstream_retries_total",
                                "Upstream attempts retried before the first byte",
                                registry=registry)
+        self.web_searches = Counter("claude_proxy_web_searches_total",
+                                    "Web searches by backend (or native:<provider>) and "
+                                    "outcome (ok, empty or the Anthropic error code)",
+                                    ["backend", "outcome"], registry=registry)
         self.active_streams = Gauge("claude_proxy_active_streams",
                                     "Streaming responses in progress", registry=registry,
                                     multiprocess_mode="livesum")

@@ -35,6 +35,7 @@ from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
+from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
 
@@ -62,6 +63,7 @@ class MessagesService:
 
     def convert(self, body: dict[str, Any]) -> UpstreamRequest:
         """The upstream request, minus whatever this model is known to refuse."""
+        body = replay_blocks(body, self.signer)  # earlier web searches as text
         model = map_model(body["model"], self.settings)
         record = current_record()
         record.client_model, record.upstream_model = body["model"], model
