@@ -26,7 +26,7 @@ from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.websearch.backends import Hit, Query, filter_hits, host_matches
 from claude_proxy.websearch.blocks import decode_token, encode_token
 from tests.conftest import ProxyServer, eventually, serving
-from tests.scripted_upstream import ScriptedUpstream, completion, error_reply
+from tests.scripted_upstream import Reply, ScriptedUpstream, completion, error_reply
 from tests.search_backend import HITS, SearchBackendServer
 
 SECRET = "web-search-test-secret"
@@ -144,8 +144,8 @@ def test_side_query_streams_the_search_blocks(
     sent = upstream.requests[0]
     assert "tool_choice" not in sent or sent["tool_choice"] == "auto"
     call, answer = sent["messages"][-2:]
-    assert call["tool_calls"][0]["function"] == {"name": "web_search",
-                                                 "arguments": json.dumps({"query": QUERY}, separators=(",", ":"))}
+    assert call["tool_calls"][0]["function"] == {
+        "name": "web_search", "arguments": json.dumps({"query": QUERY}, separators=(",", ":"))}
     assert answer["role"] == "tool" and answer["tool_call_id"] == call["tool_calls"][0]["id"]
     for number, hit in enumerate(HITS, 1):
         assert f"[{number}] {hit.title}\nURL: {hit.url}\n{hit.snippet}" in answer["content"]
@@ -556,8 +556,7 @@ def test_native_search_sources_become_the_blocks(
         search_backend: SearchBackendServer) -> None:
     proxy = search_proxy(proxy_factory, search_backend, provider=provider,
                          small_model="native-model", web_search="native")
-    upstream.queue(completion({})), upstream.reset()
-    upstream.queue(httpx_reply(answer))
+    upstream.queue(Reply(body=answer))
     message = stream_message(proxy, side_query())
     assert [block.type for block in message.content] == [
         "server_tool_use", "web_search_tool_result", "text"]
@@ -569,11 +568,6 @@ def test_native_search_sources_become_the_blocks(
     sent = upstream.requests[0]
     assert sent["tools"] == [tool] and "tool_choice" not in sent and "stream" not in sent
     assert_clean_upstream(upstream.requests)
-
-
-def httpx_reply(answer: dict[str, Any]) -> Any:
-    from tests.scripted_upstream import Reply
-    return Reply(body=answer)
 
 
 def test_native_failure_falls_back_to_the_backend(
