@@ -165,7 +165,7 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     that would change what is tested, and with its log in tmp_path."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
-                                "REASONING_", "THINKING_", "PROVIDER"))}
+                                "REASONING_", "THINKING_", "PROVIDER", "WEB_SEARCH"))}
     env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
     return env
 

@@ -12,6 +12,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -23,16 +24,19 @@ from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from claude_proxy.access import AccessLogMiddleware
+from claude_proxy.access import AccessLogMiddleware, current_record
 from claude_proxy.config import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
 from claude_proxy.metrics import Metrics
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
+from claude_proxy.routing.catalog import health_detail, model_entry, model_ids, models_page
+from claude_proxy.routing.config import ProxyConfig, single_provider_config
+from claude_proxy.routing.providers import build_providers
+from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
-from claude_proxy.upstream import OpenAIClient
 from claude_proxy.websearch.backends import SearchBackend
 from claude_proxy.websearch.caller import ServiceCaller
 from claude_proxy.websearch.flow import SearchFlow, is_search_request
@@ -94,23 +98,28 @@ def _too_large(limit: int) -> ProxyError:
 # ---------------------------------------------------------------- application
 
 
-def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
+               config: ProxyConfig | None = None) -> FastAPI:
+    """The application for `config` (default: the one provider `settings` describe)."""
+    config = config or single_provider_config(settings)
     secret = settings.thinking_signature_secret
     signer = ThinkingSigner(secret.get_secret_value() if secret else None)
 
     metrics = Metrics()
+    started = datetime.now(UTC)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = OpenAIClient(settings, transport=transport, on_retry=metrics.count_retry)
-        app.state.service = MessagesService(settings, client, signer, metrics)
+        providers = build_providers(config, transport, on_retry=metrics.count_retry)
+        app.state.service = MessagesService(config, providers, signer, metrics)
         backend = SearchBackend(settings) if settings.web_search_backend else None
         app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
                                       signer, metrics)
         try:
             yield
         finally:
-            await client.aclose()
+            for provider in providers.values():
+                await provider.client.aclose()
             if backend is not None:
                 await backend.aclose()
 
@@ -124,8 +133,29 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response({"status": "ok", "service": "claude-proxy"})
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        """Liveness, secret-free; `?detail=1` adds each provider's state (client key
+        required when one is set)."""
+        if request.query_params.get("detail") not in (None, "", "0", "false"):
+            check_client_key(request, settings)
+            service: MessagesService = request.app.state.service
+            return json_response({"status": "ok", **health_detail(service.providers)})
         return json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        check_client_key(request, settings)
+        service: MessagesService = request.app.state.service
+        return json_response(models_page(model_ids(service.router, service.providers),
+                                         started))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        check_client_key(request, settings)
+        service: MessagesService = request.app.state.service
+        if model_id not in model_ids(service.router, service.providers):
+            raise ProxyError(404, f"model {model_id!r} not found")
+        return json_response(model_entry(model_id, started))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -147,13 +177,20 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
         if is_search_request(body):
             return await search_response(request, body, deadline)
+        session = request.headers.get(SESSION_HEADER)
         if body.get("stream"):
-            converter, stream = await before_first_byte(request, service.open_stream(body),
-                                                        deadline)
+            converter, stream = await before_first_byte(
+                request, service.open_stream(body, session), deadline)
+            record = current_record()
+
+            async def finish() -> None:
+                await stream.aclose()
+                service.remember_session(session, record)
+
             return EventSourceResponse(relay_events(converter, stream, deadline, metrics),
-                                       sep="\n",
-                                       background=BackgroundTask(stream.aclose))
-        return json_response(await before_first_byte(request, service.create(body), deadline))
+                                       sep="\n", background=BackgroundTask(finish))
+        return json_response(await before_first_byte(request, service.create(body, session),
+                                                     deadline))
 
     return app
 

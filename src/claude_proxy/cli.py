@@ -1,7 +1,8 @@
 """The `claude-proxy` command.
 
-    claude-proxy [serve] [--env-file PATH | --env NAME] [--host H] [--port P] [--workers N]
-    claude-proxy doctor  [--env-file PATH | --env NAME]
+    claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
+                         [--workers N]
+    claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE]
 """
 
 from __future__ import annotations
@@ -14,24 +15,31 @@ import secrets
 import sys
 from pathlib import Path
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
 from claude_proxy import __version__
 from claude_proxy.app import create_app
-from claude_proxy.config import Settings, load_settings
+from claude_proxy.config import ProviderSettings, Settings, load_settings
 from claude_proxy.logs import configure_logging
-from claude_proxy.websearch.backends import configuration_problem
+from claude_proxy.routing.config import (
+    KEYLESS_PROFILES,
+    ConfigurationError,
+    ProxyConfig,
+    load_config_file,
+    single_provider_config,
+    stray_provider_variables,
+)
+from claude_proxy.routing.router import Router
+from claude_proxy.websearch.config import describe, with_search_table
 
 logger = logging.getLogger("claude_proxy")
 
-KEYLESS_PROVIDERS = frozenset({"ollama", "vllm"})
 ENV_FILE_VARIABLE = "CLAUDE_PROXY_ENV_FILE"
-
-
-class ConfigurationError(Exception):
-    """A problem that keeps the proxy from starting, worded for the person running it."""
+CONFIG_FILE_VARIABLE = "CONFIG_FILE"
+ZERO_CONFIGURATION = "zero configuration: the local Ollama server"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--env-file", metavar="PATH",
                         help="read settings from this file; environment variables still win")
     source.add_argument("--env", metavar="NAME", help="shorthand for --env-file .env.NAME")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a TOML file of several providers and routes (CONFIG_FILE)")
     parser.add_argument("--host", help="listen address (HOST, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="listen port (PORT, default 8082)")
     parser.add_argument("--workers", type=int, default=1,
@@ -59,47 +69,99 @@ def env_file_of(args: argparse.Namespace) -> Path | None:
 
 
 def read_settings(env_file: Path | None) -> Settings:
-    """Settings, or a ConfigurationError naming the variable that is wrong."""
+    """The environment's settings, or a ConfigurationError naming the variable that is wrong."""
     try:
-        settings = load_settings(env_file)
+        return load_settings(env_file)
     except FileNotFoundError as exc:
         raise ConfigurationError(str(exc)) from None
     except ValidationError as exc:
         lines = [f"  {'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
                  for err in exc.errors(include_url=False)]
         raise ConfigurationError("invalid configuration:\n" + "\n".join(lines)) from None
-    if (not settings.openai_api_key.get_secret_value()
-            and settings.provider_name not in KEYLESS_PROVIDERS):
-        raise ConfigurationError("OPENAI_API_KEY is not set: put the upstream API key in the "
-                                 "environment or in the file given with --env-file")
-    search_problem = configuration_problem(settings)
-    if search_problem is not None:
-        raise ConfigurationError(search_problem)
-    return settings
 
 
-def startup_line(settings: Settings, host: str, port: int, workers: int) -> str:
+def read_config(env_file: Path | None, config_file: str | None = None) -> ProxyConfig:
+    """The providers and routes (see `providers_config`), with the search backend's settings
+    from the config file's `[web_search]` table applied and checked."""
+    return with_search_table(providers_config(env_file, config_file))
+
+
+def providers_config(env_file: Path | None, config_file: str | None = None) -> ProxyConfig:
+    """The providers and routes: from the config file when there is one, else the one
+    provider of the environment (or, with nothing configured at all, a local Ollama)."""
+    settings = read_settings(env_file)
+    path = config_file or settings.config_file
+    if path:
+        return load_config_file(Path(path), settings)
+    if settings.openai_api_key.get_secret_value() or settings.provider_name in KEYLESS_PROFILES:
+        return single_provider_config(settings)
+    if env_file is None and not settings.model_fields_set & {"openai_base_url", "provider"}:
+        local = local_ollama(settings)
+        if local is not None:
+            return ProxyConfig(local, {"ollama": local}, source=ZERO_CONFIGURATION)
+    raise ConfigurationError(
+        "OPENAI_API_KEY is not set: configure an upstream in one of three ways: "
+        "OPENAI_API_KEY (with OPENAI_BASE_URL, PROVIDER) in the environment; "
+        "--env-file FILE (or --env NAME for .env.NAME, e.g. --env kimi); or "
+        "--config FILE (CONFIG_FILE) for several providers. No Ollama server answered on "
+        f"{ollama_address()} either.")
+
+
+def ollama_address() -> str:
+    return os.environ.get("OLLAMA_HOST", "127.0.0.1:11434").removeprefix("http://")
+
+
+def local_ollama(settings: Settings) -> Settings | None:
+    """Zero configuration: an Ollama server on this machine, serving its first model."""
+    base = f"http://{ollama_address()}/v1"
+    try:
+        listed = httpx.get(f"{base}/models", timeout=2.0).json()
+        model = str(listed["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return settings.model_copy(update={"openai_base_url": base, "provider": "ollama",
+                                       "big_model": model, "middle_model": model,
+                                       "small_model": model})
+
+
+def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str:
     """What is active, without any secret."""
+    settings = config.settings
+    head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
+            f"{'s' if workers > 1 else ''})")
+    tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
+            f"web search: {describe(config)}")
+    if config.source in ("environment", ZERO_CONFIGURATION):
+        only = next(iter(config.providers.values()))
+        found = f" ({config.source})" if config.source == ZERO_CONFIGURATION else ""
+        return f"{head} -> {provider_summary(only)}{found}; {tail}"
+    providers = "; ".join(f"{name} -> {provider_summary(p)}"
+                          for name, p in config.providers.items())
+    router = Router(config.providers, config.router)
+    routes = ", ".join(f"{name}={','.join(f'{c.provider},{c.model}' for c in router.route(name))}"
+                       for name in router.route_names()) or "none (opus/sonnet/haiku mapping)"
+    fallback = ", ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
+    return (f"{head}; {len(config.providers)} providers from {config.source}: {providers}; "
+            f"routes: {routes}; fallback: {fallback}; {tail}")
+
+
+def provider_summary(settings: ProviderSettings) -> str:
     reasoning = (f"dialect {settings.dialect} for "
                  f"{','.join(settings.chat_prefixes + settings.model_prefixes) or 'no model'}, "
                  f"passback {settings.passback}, with tools "
                  f"{'on' if settings.reasoning_with_tools else 'off'}")
-    return (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
-            f"{'s' if workers > 1 else ''}) -> {settings.openai_base_url} "
-            f"(provider {settings.provider_name}); models opus={settings.model_for_tier('big')} "
-            f"sonnet={settings.model_for_tier('middle')} "
-            f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}; client key "
-            f"{'required' if settings.anthropic_api_key else 'not required'}; web search "
-            f"{web_search_line(settings)}")
+    return (f"{settings.openai_base_url} (provider {settings.provider_name}); models "
+            f"opus={settings.model_for_tier('big')} sonnet={settings.model_for_tier('middle')} "
+            f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}")
 
 
-def web_search_line(settings: Settings) -> str:
-    backend = settings.web_search_backend
-    if settings.web_search == "native":
-        return f"native (fallback {backend or 'unavailable'})"
-    if settings.web_search == "off" or backend is None:
-        return "off (answers `unavailable`; set WEB_SEARCH_BACKEND to search)"
-    return f"via {backend}"
+def warn_about_stray_variables(config: ProxyConfig) -> None:
+    if config.source in ("environment", ZERO_CONFIGURATION):
+        return
+    stray = stray_provider_variables(os.environ)
+    if stray:
+        logger.warning("provider variables in the environment are not used with a config "
+                       "file (%s): put them in its [providers.NAME] tables", ", ".join(stray))
 
 
 def tune_garbage_collector() -> None:
@@ -114,27 +176,32 @@ def tune_garbage_collector() -> None:
 def worker_app() -> FastAPI:
     """Application factory for `--workers`: each worker process reads the same settings."""
     env_file = os.environ.get(ENV_FILE_VARIABLE)
-    settings = read_settings(Path(env_file) if env_file else None)
-    configure_logging(settings.log_level, settings.log_file, settings.secrets())
-    app = create_app(settings)
+    config = read_config(Path(env_file) if env_file else None)
+    settings = config.settings
+    configure_logging(settings.log_level, settings.log_file, config.secrets())
+    app = create_app(settings, config=config)
     tune_garbage_collector()
     return app
 
 
-def serve(settings: Settings, env_file: Path | None, args: argparse.Namespace) -> int:
+def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) -> int:
+    settings = config.settings
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
-    configure_logging(settings.log_level, settings.log_file, settings.secrets())
-    logger.info(startup_line(settings, host, port, args.workers))
+    configure_logging(settings.log_level, settings.log_file, config.secrets())
+    logger.info(startup_line(config, host, port, args.workers))
+    warn_about_stray_variables(config)
     options = {"host": host, "port": port, "log_config": None,
                "log_level": settings.log_level.lower(), "access_log": False}
     if args.workers <= 1:
-        app = create_app(settings)
+        app = create_app(settings, config=config)
         tune_garbage_collector()
         uvicorn.run(app, **options)  # type: ignore[arg-type]
         return 0
     if env_file is not None:
         os.environ[ENV_FILE_VARIABLE] = str(env_file.resolve())
+    if config.source not in ("environment", ZERO_CONFIGURATION):
+        os.environ[CONFIG_FILE_VARIABLE] = str(Path(config.source).resolve())
     if settings.thinking_signature_secret is None:
         # Workers must agree on the secret, or one could not verify another's thinking blocks.
         os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
@@ -147,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env_file = env_file_of(args)
     try:
-        settings = read_settings(env_file)
+        config = read_config(env_file, args.config)
         if args.workers < 1:
             raise ConfigurationError("--workers must be 1 or more")
     except ConfigurationError as exc:
@@ -155,5 +222,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "doctor":
         from claude_proxy.doctor import run_doctor
-        return run_doctor(settings)
-    return serve(settings, env_file, args)
+        return run_doctor(config)
+    return serve(config, env_file, args)

@@ -269,7 +269,38 @@ class ProviderSettings(BaseModel):
         return [key] if key else []
 
 
-class Settings(BaseSettings, ProviderSettings):
+class SearchSettings(BaseModel):
+    """The search backend, one for the process: WEB_SEARCH_* in the environment, or the
+    `[web_search]` table of a config file (the same names without the prefix)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    web_search_backend: WebSearchBackend | None = None
+    web_search_url: str | None = None
+    """SearXNG's base URL; for the keyed services an override of the service's API base."""
+    web_search_api_key: SecretStr | None = None
+    web_search_max_results: int = Field(default=8, ge=1, le=20)
+    web_search_timeout: float = Field(default=15.0, gt=0)
+
+    @field_validator("web_search_backend", mode="before")
+    @classmethod
+    def _backend_name(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
+
+    @field_validator("web_search_url", mode="after")
+    @classmethod
+    def _search_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http(s) URL such as http://localhost:8888")
+        return value.strip().rstrip("/")
+
+
+class Settings(BaseSettings, ProviderSettings, SearchSettings):
     """The process-wide knobs, read from the environment (and an optional `.env` file), plus
     the single provider that the environment describes when no config file is used."""
 
@@ -293,13 +324,6 @@ class Settings(BaseSettings, ProviderSettings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     thinking_signature_secret: SecretStr | None = None
 
-    web_search_backend: WebSearchBackend | None = None
-    web_search_url: str | None = None
-    """SearXNG's base URL; for the keyed services an override of the service's API base."""
-    web_search_api_key: SecretStr | None = None
-    web_search_max_results: int = Field(default=8, ge=1, le=20)
-    web_search_timeout: float = Field(default=15.0, gt=0)
-
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(
@@ -310,22 +334,6 @@ class Settings(BaseSettings, ProviderSettings):
     def _upper_log_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("web_search_backend", mode="before")
-    @classmethod
-    def _backend_name(cls, value: object) -> object:
-        if isinstance(value, str):
-            return value.strip().lower() or None
-        return value
-
-    @field_validator("web_search_url", mode="after")
-    @classmethod
-    def _search_url(cls, value: str | None) -> str | None:
-        if not value or not value.strip():
-            return None
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("must be an http(s) URL such as http://localhost:8888")
-        return value.strip().rstrip("/")
 
     def process_secrets(self) -> list[str]:
         """The client key, the signing secret and the search key (never an upstream key)."""

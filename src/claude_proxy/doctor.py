@@ -12,9 +12,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from claude_proxy.config import Settings
+from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
+from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
+from claude_proxy.routing.router import Router
 from claude_proxy.upstream import OpenAIClient
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
@@ -64,7 +66,7 @@ def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
     return request
 
 
-async def check_model(client: OpenAIClient, settings: Settings, model: str) -> list[Check]:
+async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str) -> list[Check]:
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
     try:
         await client.complete(plain.body)
@@ -76,7 +78,7 @@ async def check_model(client: OpenAIClient, settings: Settings, model: str) -> l
     return checks
 
 
-async def check_reasoning(client: OpenAIClient, settings: Settings, model: str) -> Check:
+async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
     request = anthropic_request(model, stream=True, thinking={"type": "adaptive"},
                                 messages=[{"role": "user", "content": "What is 17 * 23?"}],
                                 max_tokens=2048)
@@ -108,7 +110,7 @@ async def check_reasoning(client: OpenAIClient, settings: Settings, model: str) 
     return Check("reasoning", True, f"sent {sent}; text in {where}")
 
 
-async def check_tools(client: OpenAIClient, settings: Settings, model: str) -> Check:
+async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
                                 messages=[{"role": "user", "content":
                                            "What time is it? Use the get_time tool."}])
@@ -122,7 +124,7 @@ async def check_tools(client: OpenAIClient, settings: Settings, model: str) -> C
                  else "accepted (the model answered without calling the tool)")
 
 
-async def check_search_backend(settings: Settings) -> Check:
+async def check_search_backend(settings: SearchSettings) -> Check:
     """One real search, as WebSearch would run it."""
     backend = SearchBackend(settings)
     try:
@@ -134,39 +136,67 @@ async def check_search_backend(settings: Settings) -> Check:
     return Check("search", True, f"answered with {len(hits)} result{'s' * (len(hits) != 1)}")
 
 
-def configured_models(settings: Settings) -> list[tuple[str, list[str]]]:
-    tiers: dict[str, list[str]] = {}
+def configured_models(settings: ProviderSettings,
+                      routed: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """The provider's models, each with the tiers and routes that use it."""
+    uses: dict[str, list[str]] = {}
     for tier, name in (("big", "opus"), ("middle", "sonnet"), ("small", "haiku")):
-        tiers.setdefault(settings.model_for_tier(tier), []).append(name)  # type: ignore[arg-type]
-    return list(tiers.items())
+        uses.setdefault(settings.model_for_tier(tier), []).append(name)  # type: ignore[arg-type]
+    for model, route in routed:
+        uses.setdefault(model, []).append(f"route {route}")
+    return list(uses.items())
 
 
-async def diagnose(settings: Settings) -> tuple[list[str], bool]:
-    lines = [f"claude-proxy doctor: upstream {settings.openai_base_url} "
-             f"(provider {settings.provider_name})",
-             f"    {'configuration':<14} {'ok':<5} key {'set' if settings.secrets() else 'unset'}"
+async def diagnose_provider(name: str, settings: ProviderSettings,
+                            routed: list[tuple[str, str]]) -> tuple[list[str], dict[str, bool]]:
+    """The lines for one provider, and whether each of its models works."""
+    lines = [f"provider {name}: upstream {settings.openai_base_url} "
+             f"(profile {settings.provider_name})",
+             f"    {'configuration':<14} {'ok':<5} key "
+             f"{'set' if settings.upstream_secrets() else 'unset'}"
              f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
              f"{'on' if settings.reasoning_with_tools else 'off'}"]
     client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
-    ok = True
+    works: dict[str, bool] = {}
     try:
-        for model, tiers in configured_models(settings):
-            report = ModelReport(model, tiers, await check_model(client, settings, model))
-            lines.append(f"  {model} ({', '.join(tiers)})")
+        for model, uses in configured_models(settings, routed):
+            report = ModelReport(model, uses, await check_model(client, settings, model))
+            lines.append(f"  {model} ({', '.join(uses)})")
             lines.extend(check.line() for check in report.checks)
-            ok = ok and report.ok
+            works[model] = report.ok
     finally:
         await client.aclose()
-    if settings.web_search_backend:
-        search = await check_search_backend(settings)
-        lines.extend([f"  web search backend {settings.web_search_backend}", search.line()])
+    return lines, works
+
+
+async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
+    """Every provider's models, then every route: the route works if its model does."""
+    router = Router(config.providers, config.router)
+    routes = [(name, c) for name in ROUTE_NAMES for c in router.route(name)]
+    routes += [("fallback", c) for c in router.fallbacks()]
+    lines = [f"claude-proxy doctor: {len(config.providers)} provider"
+             f"{'s' if len(config.providers) > 1 else ''} from {config.source}"]
+    works: dict[tuple[str, str], bool] = {}
+    for name, settings in config.providers.items():
+        routed = [(c.model, route) for route, c in routes if c.provider == name]
+        provider_lines, provider_works = await diagnose_provider(name, settings, routed)
+        lines.extend(provider_lines)
+        works.update({(name, model): ok for model, ok in provider_works.items()})
+    for route, c in routes:
+        ok = works.get((c.provider, c.model), False)
+        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}")
+    ok = all(works.values())
+    if config.settings.web_search_backend:
+        search = await check_search_backend(config.settings)
+        lines.extend([f"web search backend {config.settings.web_search_backend}",
+                      search.line()])
         ok = ok and search.ok
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok
 
 
-def run_doctor(settings: Settings) -> int:
-    lines, ok = asyncio.run(diagnose(settings))
+def run_doctor(config: ProxyConfig) -> int:
+    lines, ok = asyncio.run(diagnose(config))
     print("\n".join(lines))
     return 0 if ok else 1

@@ -44,6 +44,10 @@ class Metrics:
         self.retries = Counter("claude_proxy_upstream_retries_total",
                                "Upstream attempts retried before the first byte",
                                registry=registry)
+        self.provider_attempts = Counter(
+            "claude_proxy_provider_attempts_total",
+            "Upstream attempts by provider, route and outcome (ok, failed_over, error)",
+            ["provider", "route", "outcome"], registry=registry)
         self.web_searches = Counter("claude_proxy_web_searches_total",
                                     "Web searches by backend (or native:<provider>) and "
                                     "outcome (ok, empty or the Anthropic error code)",

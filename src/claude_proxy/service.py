@@ -1,5 +1,6 @@
-"""One Messages request from validated body to upstream answer: conversion, the reasoning
-fallback, and the converter that turns the answer into Anthropic events.
+"""One Messages request from validated body to upstream answer: where it goes (the router's
+candidates, walked with failover before the first byte), its conversion for the provider that
+takes it, the refused-field fallback, and the converter that turns the answer into events.
 
 Kept apart from `app.py` (HTTP framing) and `upstream.py` (the network), so the flow reads in
 one place.
@@ -8,23 +9,19 @@ one place.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-from claude_proxy.access import current_record, record_usage
+from claude_proxy.access import RequestRecord, current_record, record_usage
 from claude_proxy.capabilities import (
     OPTIONAL_FIELDS,
     REASONING,
-    Refusals,
     names_added_field,
     refused_optional_fields,
 )
-from claude_proxy.config import Settings
-from claude_proxy.conversion.request_converter import (
-    UpstreamRequest,
-    convert_request,
-    map_model,
-)
+from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
     collect_message,
@@ -33,6 +30,10 @@ from claude_proxy.conversion.response_converter import (
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
+from claude_proxy.routing.config import ProxyConfig
+from claude_proxy.routing.providers import Provider
+from claude_proxy.routing.router import Candidate, Router
+from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 from claude_proxy.websearch.blocks import replay_blocks
@@ -40,16 +41,84 @@ from claude_proxy.websearch.blocks import replay_blocks
 logger = logging.getLogger("claude_proxy.service")
 
 T = TypeVar("T")
+Send = Callable[[Provider, UpstreamRequest], Awaitable[T]]
+
+FAILOVER_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+CREDENTIAL_STATUSES = frozenset({401, 402, 403})
+Failure = Literal["retriable", "credential", "overflow", "final"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The candidate that answered, and what was sent to it."""
+
+    provider: Provider
+    candidate: Candidate
+    upstream: UpstreamRequest
+
+
+def classify(error: ProxyError) -> Failure:
+    """What a failure before the first byte means for failover: try the next candidate
+    (counting towards cooldown or, for a refused credential, not), reroute a context
+    overflow, or answer the client now."""
+    if error.status in CREDENTIAL_STATUSES:
+        return "credential"
+    if error.status in FAILOVER_STATUSES:
+        return "retriable"
+    if context_overflow(error, 0) is not None:
+        return "overflow"
+    return "final"
+
+
+class _Walk:
+    """The candidates still to try: cooling providers are skipped, unless every candidate is
+    cooling, when the one that reopens soonest is tried anyway."""
+
+    def __init__(self, candidates: list[Candidate], providers: dict[str, Provider]) -> None:
+        self.queue = list(candidates)
+        self.providers = providers
+        self.skipped: list[Candidate] = []
+        self.failures: list[tuple[Candidate, ProxyError]] = []
+        self.rerouted = False
+
+    def next(self) -> Candidate | None:
+        while self.queue:
+            candidate = self.queue.pop(0)
+            if self.providers[candidate.provider].health.acquire():
+                return candidate
+            self.skipped.append(candidate)
+        if self.failures or not self.skipped:
+            return None
+        soonest = min(self.skipped,
+                      key=lambda c: self.providers[c.provider].health.reopens_at())
+        self.skipped.remove(soonest)
+        self.providers[soonest.provider].health.force()
+        return soonest
+
+    def reroute(self, route: list[Candidate], current: Candidate) -> bool:
+        """Put the long-context route first, once, when it is another route."""
+        fresh = [c for c in route if (c.provider, c.model) != (current.provider, current.model)]
+        if self.rerouted or not fresh:
+            return False
+        self.rerouted = True
+        self.queue[:0] = fresh
+        return True
 
 
 class MessagesService:
-    def __init__(self, settings: Settings, client: OpenAIClient, signer: ThinkingSigner,
-                 metrics: Metrics) -> None:
-        self.settings = settings
-        self.client = client
+    def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
+                 signer: ThinkingSigner, metrics: Metrics) -> None:
+        self.config = config
+        self.providers = providers
+        self.router = Router({name: p.settings for name, p in providers.items()}, config.router)
         self.signer = signer
         self.metrics = metrics
-        self.refusals = Refusals()
+        self.sessions = SessionSizes()
+
+    @property
+    def client(self) -> OpenAIClient:
+        """The first provider's client (with one provider, the only one)."""
+        return self.providers[self.router.first].client
 
     def is_ours(self, block: dict[str, Any]) -> bool:
         """Our own thinking block: its signature verifies. A block with an empty signature
@@ -61,17 +130,14 @@ class MessagesService:
         return isinstance(signature, str) and self.signer.verify(
             str(block.get("thinking", "")), signature)
 
-    def convert(self, body: dict[str, Any]) -> UpstreamRequest:
+    def convert(self, provider: Provider, model: str, body: dict[str, Any]) -> UpstreamRequest:
         """The upstream request, minus whatever this model is known to refuse."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
-        model = map_model(body["model"], self.settings)
-        record = current_record()
-        record.client_model, record.upstream_model = body["model"], model
-        record.stream = bool(body.get("stream"))
-        upstream = convert_request(body, self.settings, is_ours=self.is_ours,
-                                   without_reasoning=self.refusals.refuses(model, REASONING))
+        refusals = provider.refusals
+        upstream = convert_request(body, provider.settings, model=model, is_ours=self.is_ours,
+                                   without_reasoning=refusals.refuses(model, REASONING))
         for name in OPTIONAL_FIELDS:
-            if self.refusals.refuses(model, name):
+            if refusals.refuses(model, name):
                 upstream.body.pop(name, None)
         logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
         return upstream
@@ -81,28 +147,106 @@ class MessagesService:
                                sign=self.signer.sign, think_tags=upstream.think_tags,
                                show_inline_thinking=upstream.thinking)
 
-    async def _call(self, body: dict[str, Any],
-                    send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
-        """Send, rewording a context overflow the way Claude Code understands."""
-        try:
-            return await self._send_with_fallback(body, send)
-        except ProxyError as error:
-            self.metrics.count_upstream_error(error.error_type)
-            overflow = context_overflow(error, estimate_request_tokens(body))
-            if overflow is None:
-                raise
-            logger.info("upstream context overflow (%s) reworded as %r", error.message,
-                        overflow.message)
-            raise overflow from None
+    # ------------------------------------------------------------ routing and failover
 
-    async def _send_with_fallback(
-            self, body: dict[str, Any],
-            send: Callable[[UpstreamRequest], Awaitable[T]]) -> tuple[UpstreamRequest, T]:
-        """Send; if the upstream refuses a field we added (an optional OpenAI field, or the
-        reasoning fields), remember that for the model and send once more without it."""
-        upstream = self.convert(body)
+    async def _routed(self, body: dict[str, Any], send: Send[T],
+                      session: str | None) -> tuple[Attempt, T]:
+        """Walk the router's candidates until one answers (before its first byte)."""
+        record = current_record()
+        record.client_model, record.stream = body["model"], bool(body.get("stream"))
+        estimate = estimate_request_tokens(body)
+        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
+                     self.providers)
+        while (candidate := walk.next()) is not None:
+            provider = self.providers[candidate.provider]
+            try:
+                attempt, result = await self._attempt(provider, candidate, body, send)
+            except ProxyError as error:
+                self.metrics.count_upstream_error(error.error_type)
+                self._after_failure(walk, provider, candidate, error, estimate)
+                continue
+            finally:
+                provider.health.release()
+            provider.health.record_success()
+            self._count(candidate, "ok")
+            self._note_route(record, candidate, walk)
+            return attempt, result
+        raise self._all_failed(walk, estimate)
+
+    def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
+                       error: ProxyError, estimate: int) -> None:
+        """Record the failure and decide: go on to the next candidate, or raise now."""
+        kind = classify(error)
+        if kind == "final":
+            provider.health.record_success()  # it answered: the request was at fault
+            self._count(candidate, "error")
+            raise error
+        if kind == "overflow":
+            self._count(candidate, "error")
+            overflow = context_overflow(error, estimate)
+            assert overflow is not None
+            if not walk.reroute(self.router.route("long_context"), candidate):
+                raise overflow
+            logger.info("context overflow on %s,%s; trying the long_context route",
+                        candidate.provider, candidate.model)
+            walk.failures.append((candidate, overflow))
+            return
+        if kind == "credential":
+            provider.health.record_misconfigured(error.message)
+            logger.warning("provider %s refused its credential (%d %s): check its key",
+                           provider.name, error.status, error.message)
+        else:
+            provider.health.record_failure(error.message, _retry_after(error))
+        walk.failures.append((candidate, error))
+        self._count(candidate, "failed_over" if walk.queue else "error")
+        if walk.queue:
+            logger.warning("provider %s failed (%d %s); failing over to %s", provider.name,
+                           error.status, error.error_type, walk.queue[0].provider)
+
+    def _all_failed(self, walk: _Walk, estimate: int) -> ProxyError:
+        """The client's error once every candidate failed: a lone candidate's own error (as
+        with one provider), else the overflow in Claude Code's words, else 429 until the
+        soonest cooldown ends, else 529 (which lets Claude Code's fallback model act)."""
+        failures = walk.failures
+        if len(failures) == 1 and not walk.skipped:
+            error = failures[0][1]
+            return context_overflow(error, estimate) or error
+        for _, error in failures:
+            overflow = context_overflow(error, estimate)
+            if overflow is not None:
+                return overflow
+        if failures and all(classify(e) == "credential" for _, e in failures):
+            return failures[0][1]
+        summary = "; ".join(f"{c.provider},{c.model}: {e.status} {e.message}"[:300]
+                            for c, e in failures)
+        cooling = [p.health.reopens_at() - p.health.clock() for p in self.providers.values()
+                   if p.health.is_cooling()]
+        if cooling:
+            seconds = max(1, math.ceil(min(cooling)))
+            return ProxyError(429, f"every provider failed or is cooling down ({summary})",
+                              error_type="rate_limit_error",
+                              headers={"retry-after": str(seconds)})
+        return ProxyError(529, f"every provider failed ({summary})",
+                          error_type="overloaded_error")
+
+    def _note_route(self, record: RequestRecord, candidate: Candidate, walk: _Walk) -> None:
+        record.provider, record.route = candidate.provider, candidate.route
+        record.upstream_model = candidate.model
+        record.failover = [c.provider for c, _ in walk.failures]
+
+    def _count(self, candidate: Candidate, outcome: str) -> None:
+        self.metrics.provider_attempts.labels(candidate.provider, candidate.route,
+                                              outcome).inc()
+
+    # ------------------------------------------------------------ one provider
+
+    async def _attempt(self, provider: Provider, candidate: Candidate, body: dict[str, Any],
+                       send: Send[T]) -> tuple[Attempt, T]:
+        """Send to one provider; if it refuses a field we added (an optional OpenAI field,
+        or the reasoning fields), remember that for the model and send once more without."""
+        upstream = self.convert(provider, candidate.model, body)
         try:
-            return upstream, await send(upstream)
+            return Attempt(provider, candidate, upstream), await send(provider, upstream)
         except ProxyError as error:
             refused = self._refused_fields(error, upstream)
             if not refused:
@@ -113,9 +257,9 @@ class MessagesService:
             logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
                            "it out for this model from now on", model, what, error.message)
             for field in refused:
-                self.refusals.remember(model, field)
-            upstream = self.convert(body)
-            return upstream, await send(upstream)
+                provider.refusals.remember(model, field)
+            upstream = self.convert(provider, candidate.model, body)
+            return Attempt(provider, candidate, upstream), await send(provider, upstream)
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -128,22 +272,39 @@ class MessagesService:
             return [REASONING]
         return []
 
-    async def open_stream(self, body: dict[str, Any]) -> tuple[StreamConverter, UpstreamStream]:
+    # ------------------------------------------------------------ entry points
+
+    async def open_stream(self, body: dict[str, Any], session: str | None = None,
+                          ) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
-        def send(upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+        def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
             if upstream.buffered:
-                return self.client.open_buffered_stream(upstream.body)
-            return self.client.open_stream(upstream.body)
+                return provider.client.open_buffered_stream(upstream.body)
+            return provider.client.open_stream(upstream.body)
 
-        upstream, stream = await self._call(body, send)
-        return self.converter(body, upstream), stream
+        attempt, stream = await self._routed(body, send, session)
+        return self.converter(body, attempt.upstream), stream
 
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
         """A whole Message, for non-streaming clients."""
-        upstream, completion = await self._call(
-            body, lambda upstream: self.client.complete(upstream.body))
-        chunks = self.client._generate_buffered_stream_chunks(completion)
-        converter = self.converter(body, upstream)
+        attempt, completion = await self._routed(
+            body, lambda provider, upstream: provider.client.complete(upstream.body), session)
+        chunks = OpenAIClient._generate_buffered_stream_chunks(completion)
+        converter = self.converter(body, attempt.upstream)
         message = collect_message(convert_chunks(chunks, converter))
         record_usage(message["usage"], converter.reasoning_tokens())
+        self.remember_session(session, current_record())
         return message
+
+    def remember_session(self, session: str | None, record: RequestRecord) -> None:
+        """The input this turn really used, for the next turn's long_context rule."""
+        self.sessions.remember(session, record.tokens.get("input", 0)
+                               + record.tokens.get("cached", 0))
+
+
+def _retry_after(error: ProxyError) -> float | None:
+    value = error.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -71,6 +71,33 @@ def convert_messages(
     return converted, assistant_turns
 
 
+MEDIA_PLACEHOLDER = "[{kind} omitted: this model does not accept images or documents]"
+
+
+def without_media(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every image and document (tool results included) replaced by a
+    short text placeholder, for a provider configured with `vision = false`."""
+    replaced = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            message = {**message, "content": _media_as_text(content)}
+        replaced.append(message)
+    return replaced
+
+
+def _media_as_text(content: list[Any]) -> list[Any]:
+    replaced = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") in ("image", "document"):
+            block = {"type": "text", "text": MEDIA_PLACEHOLDER.format(kind=block["type"])}
+        elif (isinstance(block, dict) and block.get("type") == "tool_result"
+              and isinstance(block.get("content"), list)):
+            block = {**block, "content": _media_as_text(block["content"])}
+        replaced.append(block)
+    return replaced
+
+
 def clamp_max_tokens(requested: int, limit: int) -> int:
     return max(1, min(requested, limit))
 
@@ -96,18 +123,20 @@ def convert_request(
     request: dict[str, Any],
     settings: ProviderSettings,
     *,
+    model: str | None = None,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     without_reasoning: bool = False,
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
 
-    `is_ours` tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
+    `model` is the upstream model the router chose (default: the tier mapping); `is_ours`
+    tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
     `without_reasoning` leaves every reasoning field out (a model known to refuse them).
     """
-    messages, assistant_turns = convert_messages(request["messages"],
-                                                 convert_system(request.get("system")))
+    source = request["messages"] if settings.vision else without_media(request["messages"])
+    messages, assistant_turns = convert_messages(source, convert_system(request.get("system")))
 
-    model = map_model(request["model"], settings)
+    model = model or map_model(request["model"], settings)
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,

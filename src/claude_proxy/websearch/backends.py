@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from claude_proxy.config import Settings
+from claude_proxy.config import SearchSettings
 
 logger = logging.getLogger("claude_proxy.websearch")
 
@@ -207,20 +207,6 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def configuration_problem(settings: Settings) -> str | None:
-    """Why the configured backend cannot work, naming the variable to set (else None)."""
-    name = settings.web_search_backend
-    if name is None:
-        return None
-    if name == "searxng" and not settings.web_search_url:
-        return ("WEB_SEARCH_URL is not set: WEB_SEARCH_BACKEND=searxng needs the base URL of "
-                "a SearXNG instance with JSON output enabled")
-    key = settings.web_search_api_key
-    if name in KEYED_BACKENDS and (key is None or not key.get_secret_value()):
-        return f"WEB_SEARCH_API_KEY is not set: WEB_SEARCH_BACKEND={name} needs its API key"
-    return None
-
-
 # ---------------------------------------------------------------- the client
 
 
@@ -236,7 +222,7 @@ def _status_failure(name: str, status: int) -> SearchFailed:
 class SearchBackend:
     """The configured backend: one pooled client, one `search` per query."""
 
-    def __init__(self, settings: Settings,
+    def __init__(self, settings: SearchSettings,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         name = settings.web_search_backend
         if name is None:

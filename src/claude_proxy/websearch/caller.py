@@ -1,4 +1,5 @@
-"""The flow's view of the service: which provider answers, and its two kinds of model call.
+"""The flow's view of the service: which provider a search request goes to, and its two
+kinds of model call, both routed (with failover) like any other request.
 
 Kept in one small adapter so that the flow does not depend on how the service picks and
 calls providers.
@@ -10,8 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from claude_proxy.config import ProviderSettings
+from claude_proxy.conversion.request_converter import UpstreamRequest
 from claude_proxy.conversion.response_converter import collect_message, convert_chunks
+from claude_proxy.errors import ProxyError
+from claude_proxy.routing.providers import Provider
 from claude_proxy.service import MessagesService
+from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.upstream import Chunk, OpenAIClient
+
+NativeSwitch = Callable[[ProviderSettings, dict[str, Any]], dict[str, Any] | None]
 
 
 class ServiceCaller:
@@ -19,23 +27,32 @@ class ServiceCaller:
         self.service = service
 
     def provider_for(self, body: dict[str, Any]) -> ProviderSettings:
-        return self.service.settings
+        """The settings of the provider the router tries first for this request."""
+        service = self.service
+        candidates = service.router.candidates(body, estimate_request_tokens(body))
+        name = candidates[0].provider if candidates else service.router.first
+        return service.providers[name].settings
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """One non-streamed model call as an Anthropic Message."""
         return await self.service.create(body)
 
-    async def create_native(
-            self, body: dict[str, Any],
-            extra: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """One non-streamed call with the provider's search switch (`extra` of the converted
-        body): the raw completion (its sources) and the Anthropic Message."""
+    async def create_native(self, body: dict[str, Any],
+                            switch: NativeSwitch) -> tuple[Chunk, dict[str, Any]]:
+        """One non-streamed call with the answering provider's search switch (the fields
+        `switch` gives for its settings and converted body; None: it has none): the raw
+        completion (its sources) and the Anthropic Message."""
+        async def send(provider: Provider, upstream: UpstreamRequest) -> Chunk:
+            raw = {k: v for k, v in upstream.body.items()
+                   if k not in ("stream", "stream_options")}
+            fields = switch(provider.settings, raw)
+            if fields is None:
+                raise ProxyError(501, f"provider {provider.name} has no native web search")
+            return await provider.client.complete({**raw, **fields})
+
         service = self.service
-        upstream = service.convert(body)
-        raw = {k: v for k, v in upstream.body.items() if k not in ("stream", "stream_options")}
-        raw.update(extra(raw))
-        completion = await service.client.complete(raw)
-        chunks = service.client._generate_buffered_stream_chunks(completion)
-        return completion, collect_message(convert_chunks(chunks,
-                                                          service.converter(body, upstream)))
+        attempt, completion = await service._routed(body, send, None)
+        chunks = OpenAIClient._generate_buffered_stream_chunks(completion)
+        message = collect_message(convert_chunks(chunks, service.converter(body,
+                                                                           attempt.upstream)))
+        return completion, message

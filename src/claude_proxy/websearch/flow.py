@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from claude_proxy.access import current_record, record_usage
-from claude_proxy.config import ProviderSettings, Settings
+from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
@@ -154,14 +154,14 @@ def make_plan(body: dict[str, Any], provider: ProviderSettings, has_backend: boo
 
 def upstream_body(plan: Plan, history: list[dict[str, Any]], first: bool,
                   function: bool = True) -> dict[str, Any]:
-    """The client's request for one model call: the server tool replaced by the function
-    (or left out), the flow's turns appended, not streamed. The client's `tool_choice` holds
-    for the first call only (naming the function if it forced `web_search`); later calls,
-    which write the summary, are free to answer."""
+    """The client's request for one model call: the function `web_search` beside the server
+    tool (which the converter leaves out, and the router reads for its web_search route), the
+    flow's turns appended, not streamed. The client's `tool_choice` holds for the first call
+    only (then naming the function); later calls, which write the summary, are free."""
     body = plan.body
     search = [FUNCTION_TOOL] if function else []
     tools = [replacement for t in body.get("tools") or [] if isinstance(t, dict)
-             for replacement in (search if SERVER_TOOL_TYPE.match(str(t.get("type", "")))
+             for replacement in ([t, *search] if SERVER_TOOL_TYPE.match(str(t.get("type", "")))
                                  else [t])]
     request = {**body, "tools": tools, "messages": [*body["messages"], *history],
                "stream": False}
@@ -195,8 +195,9 @@ class ModelCaller(Protocol):
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    async def create_native(self, body: dict[str, Any], extra: Callable[
-            [dict[str, Any]], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    async def create_native(self, body: dict[str, Any], switch: Callable[
+            [ProviderSettings, dict[str, Any]], dict[str, Any] | None],
+            ) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
 
 @dataclass
@@ -220,7 +221,7 @@ class Reply:
 
 
 class SearchFlow:
-    def __init__(self, settings: Settings, backend: SearchBackend | None, caller: ModelCaller,
+    def __init__(self, settings: SearchSettings, backend: SearchBackend | None, caller: ModelCaller,
                  signer: Signer, metrics: Metrics) -> None:
         self.settings = settings
         self.backend = backend
@@ -426,7 +427,7 @@ class SearchFlow:
         try:
             completion, answer = await self.caller.create_native(
                 upstream_body(plan, [], first=True, function=False),
-                lambda body: native_switch(kind, query, body))
+                lambda provider, body: native_switch(native_kind(provider), query, body))
         except ProxyError as error:
             logger.warning("native web search on %s failed (%s); falling back to %s", source,
                            error.message, self.backend.name if self.backend else "unavailable")

@@ -32,8 +32,12 @@ def native_kind(settings: ProviderSettings) -> str | None:
     return None
 
 
-def native_switch(kind: str, query: Query, body: dict[str, Any]) -> dict[str, Any]:
-    """The fields to set on the converted upstream request to make it search."""
+def native_switch(kind: str | None, query: Query,
+                  body: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields to set on the converted upstream request to make it search (None: this
+    provider has no native search)."""
+    if kind is None:
+        return None
     tools = list(body.get("tools") or [])
     if kind == "openrouter":
         parameters: dict[str, Any] = {"max_results": query.max_results}

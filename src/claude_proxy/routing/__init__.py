@@ -1,0 +1,1 @@
+"""Several providers in one proxy: the config file, the providers, the router, their health."""

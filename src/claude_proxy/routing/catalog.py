@@ -1,0 +1,50 @@
+"""What the proxy offers and how its providers are doing, in the shapes clients read:
+`GET /v1/models` (Anthropic's list shape) and `GET /health?detail=1`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from claude_proxy.routing.config import ROUTE_NAMES
+from claude_proxy.routing.providers import Provider
+from claude_proxy.routing.router import Router
+
+
+def model_ids(router: Router, providers: Mapping[str, Provider]) -> list[str]:
+    """Every router entry, then every provider's configured models, as `PROVIDER,MODEL`."""
+    ids: list[str] = []
+    for name in (*ROUTE_NAMES, "fallback"):
+        candidates = router.route(name) if name != "fallback" else router.fallbacks()
+        ids.extend(f"{c.provider},{c.model}" for c in candidates)
+    for provider in providers.values():
+        ids.extend(f"{provider.name},{model}" for model in provider.models)
+    return list(dict.fromkeys(ids))
+
+
+def model_entry(model_id: str, created: datetime) -> dict[str, Any]:
+    provider, _, model = model_id.partition(",")
+    return {"type": "model", "id": model_id, "display_name": f"{model} ({provider})",
+            "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def models_page(ids: list[str], created: datetime) -> dict[str, Any]:
+    """One page with every model (the list is short, so never more than one page)."""
+    return {"data": [model_entry(model_id, created) for model_id in ids], "has_more": False,
+            "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None}
+
+
+def health_detail(providers: Mapping[str, Provider]) -> dict[str, Any]:
+    """Each provider's breaker state. Kept per process: the answer says which one."""
+    detail: dict[str, Any] = {}
+    for name, provider in providers.items():
+        snapshot = asdict(provider.health.snapshot())
+        until = snapshot.pop("cooling_until")
+        snapshot["cooling_until"] = (None if until is None else datetime.fromtimestamp(
+            until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        detail[name] = {"profile": provider.settings.provider_name, **snapshot}
+    return {"scope": f"this process only (pid {os.getpid()}); other workers or replicas "
+                     "keep their own state", "providers": detail}

@@ -1,0 +1,41 @@
+"""A provider: one upstream with its own settings, HTTP client, refusal memory and health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from claude_proxy.capabilities import Refusals
+from claude_proxy.config import ProviderSettings
+from claude_proxy.routing.config import ProxyConfig
+from claude_proxy.routing.health import CircuitBreaker
+from claude_proxy.upstream import OpenAIClient
+
+
+@dataclass
+class Provider:
+    name: str
+    settings: ProviderSettings
+    client: OpenAIClient
+    health: CircuitBreaker
+    refusals: Refusals = field(default_factory=Refusals)
+
+    @property
+    def models(self) -> list[str]:
+        """Its configured models (big, middle, small), without repeats."""
+        tiers = ("big", "middle", "small")
+        return list(dict.fromkeys(self.settings.model_for_tier(tier)  # type: ignore[arg-type]
+                                  for tier in tiers))
+
+
+def build_providers(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None = None,
+                    on_retry: Callable[[], None] | None = None) -> dict[str, Provider]:
+    """One Provider per configured upstream, each with its own pooled client."""
+    router = config.router
+    failures = router.cooldown_failures if router else 3
+    cooldown = router.cooldown_seconds if router else 30.0
+    return {name: Provider(name, settings, OpenAIClient(settings, transport, on_retry),
+                           CircuitBreaker(failures, cooldown))
+            for name, settings in config.providers.items()}
