@@ -13,13 +13,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
+from tests.scripted_upstream import LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -58,14 +57,13 @@ class Seen:
 
 
 @dataclass
-class SearchBackendServer:
+class SearchBackendServer(LoopbackServer):
     """Set `mode` to hits | empty | 429 | 500 | hang | json_off; `hits` to change the canned
     results."""
 
     mode: str = "hits"
     hits: list[CannedHit] = field(default_factory=lambda: list(HITS))
     requests: list[Seen] = field(default_factory=list)
-    port: int = 0
 
     def __post_init__(self) -> None:
         self.app = Starlette(routes=[
@@ -74,8 +72,6 @@ class SearchBackendServer:
             Route("/search", self._posted, methods=["POST"]),
         ])
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -85,16 +81,6 @@ class SearchBackendServer:
         self.mode = "hits"
         self.hits = list(HITS)
         self.requests.clear()
-
-    def start(self) -> SearchBackendServer:
-        sock = bind_loopback()
-        self.port = sock.getsockname()[1]
-        self._server, self._thread = serve_in_thread(self.app, sock)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            stop_server(self._server, self._thread)
 
     # ------------------------------------------------------------ shapes
 
