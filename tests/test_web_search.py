@@ -605,3 +605,25 @@ def test_metrics_and_access_log_count_searches(
     assert f"source=searxng query_chars={len(QUERY)} hits=4 outcome=ok" in lines[0]
     assert "hits=0 outcome=too_many_requests" in lines[1]
     assert QUERY not in " ".join(lines)
+
+
+def test_a_failing_first_model_call_ends_the_stream_with_an_error(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        search_backend: SearchBackendServer) -> None:
+    """Without a search to show, a failed model call is the client's error (an `error`
+    event after message_start, overloaded_error for a 5xx, which Claude Code retries)."""
+    proxy = search_proxy(proxy_factory, search_backend)
+    upstream.queue(error_reply(503, "upstream overloaded"))
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 256, "stream": True,
+            "messages": [{"role": "user", "content": "search for rust news"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    response = httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=30)
+    events = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["message_start", "error"]
+    assert events[1]["error"] == {"type": "overloaded_error", "message": "upstream overloaded"}
+    assert search_backend.requests == []
+    upstream.queue(error_reply(503, "upstream overloaded"))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        create_message(proxy, {**body, "stream": False})
+    assert caught.value.status_code == 503
