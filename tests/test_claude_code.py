@@ -285,3 +285,45 @@ def test_web_search_without_a_backend_says_unavailable(
     # The side query never reached the upstream: no answer from memory.
     assert seen == ["call ToolSearch", "call WebSearch", "answer"]
     assert lines[-1]["result"] == "Done searching."
+
+
+GLM_NATIVE_ANSWER = {
+    "id": "glm-1", "created": 1, "model": "glm-4.6",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "GLM searched: Rust 1.91.0 is out [ref_1]."}}],
+    "web_search": [{"refer": "ref_1", "title": HITS[0].title, "link": HITS[0].url,
+                    "content": HITS[0].snippet, "publish_date": "2026-10-30"},
+                   {"refer": "ref_2", "title": HITS[1].title, "link": HITS[1].url,
+                    "content": HITS[1].snippet, "publish_date": ""}]}
+
+
+def test_web_search_native_on_glm(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream, search_backend: SearchBackendServer) -> None:
+    """WEB_SEARCH=native on GLM: the side query goes upstream once with GLM's web_search
+    tool; its sources are what Claude Code lists; the backend is not asked."""
+    proxy = proxy_factory(provider="glm", web_search="native",
+                          web_search_backend="searxng", web_search_url=search_backend.url)
+    seen: list[str] = []
+    main_loop = web_search_responder(seen)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if any(tool.get("type") == "web_search" for tool in body.get("tools") or []):
+            seen.append("native")
+            return Reply(body=GLM_NATIVE_ANSWER)
+        return main_loop(body)
+
+    upstream.responder = respond
+    lines = run_claude(tmp_path, proxy, "What are the release notes of the latest Rust?",
+                       "--allowedTools", "WebSearch")
+    structured, text = web_search_result(lines)
+    results = [r for r in structured["results"] if not isinstance(r, str)]
+    assert [(c["url"], c["title"]) for c in results[0]["content"]] == [
+        (hit.url, hit.title) for hit in HITS[:2]]
+    assert "GLM searched: Rust 1.91.0 is out [ref_1]." in text
+    assert seen == ["call ToolSearch", "call WebSearch", "native", "answer"]
+    assert search_backend.requests == []
+    native = next(r for r in upstream.requests if r.get("tools") and any(
+        t.get("type") == "web_search" for t in r["tools"]))
+    assert native["tools"][0]["web_search"]["search_query"] == WEB_QUERY
+    assert "stream" not in native
