@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from bench import report, scenarios
+from bench import report, scenarios, session
 from bench.client import direct_target, new_client, proxy_target, request_message, request_stream
 from bench.procs import (
     ROOT,
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH",
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--only", default="", metavar="NAMES",
-                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}")
+                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}, session")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the proxy with py-spy during each PROXY phase; "
                              "flame graphs and a hotspot list go to DIR")
@@ -71,13 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Scenarios that start their own upstreams and proxies (not the shared Bench).
+OWN_SETUP = ("session",)
+
+
 def chosen(only: str) -> list[str]:
     names = [name.strip() for name in only.split(",") if name.strip()]
-    unknown = [name for name in names if name not in SCENARIOS]
+    known = (*SCENARIOS, *OWN_SETUP)
+    unknown = [name for name in names if name not in known]
     if unknown:
         raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}; "
-                         f"choose from {', '.join(SCENARIOS)}")
-    return [name for name in SCENARIOS if not names or name in names]
+                         f"choose from {', '.join(known)}")
+    return [name for name in known if not names or name in names]
 
 
 # ---------------------------------------------------------------- runs
@@ -194,6 +199,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     print(f"\nclaude-proxy benchmark — scale {meta['scale']}, {meta['workers']} worker(s), "
           f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}")
     print(report.table(document["scenarios"], checked))
+    if "session" in document["scenarios"]:
+        print()
+        print(session.table(document["scenarios"]["session"]))
     if "workers" in document:
         print()
         print(report.workers_table(document["workers"]))
@@ -251,7 +259,11 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             if profiler is not None:
                 profiler.attach_to(proxy.pid)
             bench = make_bench(proxy, upstream, args.scale, profiler)
-            results = asyncio.run(run_scenarios(bench, names, profiler))
+            results = asyncio.run(run_scenarios(
+                bench, [name for name in names if name in SCENARIOS], profiler))
+        if "session" in names:
+            log("[session]")
+            results["session"] = session.run_session(workdir, log)
         document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
         if args.compare_workers:
             log("[compare workers]")

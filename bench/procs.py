@@ -184,10 +184,12 @@ class Managed:
         self.stop()
 
 
-def start_upstream(workdir: Path, timeout: float = 15.0) -> Managed:
-    """The fast upstream, its `url` set to its base URL (`http://127.0.0.1:P/v1`)."""
-    log = workdir / "upstream.log"
-    upstream = Managed("upstream", [sys.executable, "-m", "bench.upstream"], clean_env({}), log)
+def start_upstream(workdir: Path, timeout: float = 15.0, module: str = "bench.upstream",
+                   args: tuple[str, ...] = (), name: str = "upstream") -> Managed:
+    """An upstream (the fast one unless `module` says otherwise) that prints `READY <port>`,
+    its `url` set to its base URL (`http://127.0.0.1:P/v1`)."""
+    log = workdir / f"{name}.log"
+    upstream = Managed(name, [sys.executable, "-m", module, *args], clean_env({}), log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
@@ -203,17 +205,20 @@ def start_upstream(workdir: Path, timeout: float = 15.0) -> Managed:
 
 
 def start_proxy(workdir: Path, upstream_url: str, workers: int = 1,
-                timeout: float = 30.0) -> Managed:
+                timeout: float = 30.0, env: dict[str, str] | None = None,
+                name: str = "proxy") -> Managed:
     """`python -m claude_proxy` as a real uvicorn process, its `url` set.
-    `--workers` is only passed for N > 1; a CLI that rejects it raises WorkersUnsupported."""
+    `--workers` is only passed for N > 1; a CLI that rejects it raises WorkersUnsupported.
+    `env` adds settings (e.g. PROVIDER, MIDDLE_MODEL)."""
     port = free_port()
     argv = [sys.executable, "-m", "claude_proxy", "--host", "127.0.0.1", "--port", str(port)]
     if workers > 1:
         argv += ["--workers", str(workers)]
-    env = clean_env({"OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream_url,
-                     "PROVIDER": "openai", "LOG_LEVEL": "WARNING",
-                     "LOG_FILE": str(workdir / f"proxy-w{workers}.log")})
-    proxy = Managed(f"proxy-w{workers}", argv, env, workdir / f"proxy-w{workers}.out")
+    label = f"{name}-w{workers}"
+    settings = clean_env({"OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream_url,
+                          "PROVIDER": "openai", "LOG_LEVEL": "WARNING",
+                          "LOG_FILE": str(workdir / f"{label}.log"), **(env or {})})
+    proxy = Managed(label, argv, settings, workdir / f"{label}.out")
     proxy.url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proxy, timeout)

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bench.session import TARGET_SHARE, TARGETED
+
 Results = dict[str, Any]
 
 
@@ -76,6 +78,10 @@ def targets(results: Results) -> list[Target]:
     if "idle_streams" in results:
         found.append(Target("memory per open stream", get(results, "idle_streams", "proxy",
                                                           "per_stream_kib"), 50, unit=" KiB"))
+    for upstream in TARGETED if "session" in results else ():
+        found.append(Target(f"session cache share, {upstream}", get(
+            results, "session", upstream, "proxy", "share_after_first"), TARGET_SHARE,
+            at_most=False))
     return found
 
 

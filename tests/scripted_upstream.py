@@ -137,6 +137,25 @@ def completion(message: dict[str, Any], finish: str = "stop",
     return Reply(body=body)
 
 
+def echo_loop(steps: int, answer: str) -> Callable[[dict[str, Any]], Reply]:
+    """A responder for Claude Code's tool loop: `steps - 1` Bash `echo step-N` calls, each
+    after a line of text, then `answer`."""
+    def respond(body: dict[str, Any]) -> Reply:
+        done = sum(1 for message in body["messages"] if message["role"] == "tool")
+        if done >= steps - 1:
+            return text_stream([answer])
+        step = done + 1
+        arguments = json.dumps({"command": f"echo step-{step}",
+                                "description": f"Print step {step}"})
+        return Reply(events=[
+            chunk({"role": "assistant", "content": f"Running step {step} of {steps - 1}."}),
+            chunk({"tool_calls": [{"index": 0, "id": f"call_step_{step}", "type": "function",
+                                   "function": {"name": "Bash", "arguments": ""}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
+            chunk({}, "tool_calls")])
+    return respond
+
+
 def error_reply(status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
     return Reply(status=status, body={"error": {"message": message, "type": "upstream_error"}},
                  headers=headers or {})

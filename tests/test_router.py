@@ -247,3 +247,14 @@ def test_config_file_errors_name_the_file_the_key_and_the_reason(
     with pytest.raises(ConfigurationError) as caught:
         load(path, **environ)
     assert str(path) in str(caught.value) and expected in str(caught.value)
+
+
+def test_the_example_config_in_the_repo_loads(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    config = load(root / "claude-proxy.example.toml", KIMI_API_KEY="a", DEEPSEEK_API_KEY="b",
+                  OPENROUTER_API_KEY="c")
+    assert list(config.providers) == ["kimi", "deepseek", "openrouter"]
+    assert config.providers["kimi"].provider_name == "kimi"
+    assert config.providers["kimi"].max_retries == 1  # small by default in a config file
+    assert all(config.router.route(name) for name in
+               ("default", "background", "think", "long_context", "image", "web_search"))

@@ -541,3 +541,23 @@ def test_claude_code_tool_loop_survives_a_failover_mid_session(
                                    "beta": ["beta-fallback"], "gamma": []}
     tool_message = upstreams["beta"].requests[0]["messages"][-1]
     assert tool_message["role"] == "tool" and tool_message["content"].startswith(TOOL_OUTPUT)
+
+
+def test_detail_and_models_need_the_client_key_when_one_is_set(
+        proxy_factory: Callable[..., ProxyServer]) -> None:
+    from tests.conftest import CLIENT_KEY
+    proxy = proxy_factory(anthropic_api_key=CLIENT_KEY)
+    for path in ("/health?detail=1", "/v1/models"):
+        refused = httpx.get(f"{proxy.url}{path}")
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        allowed = httpx.get(f"{proxy.url}{path}", headers={"x-api-key": CLIENT_KEY})
+        assert allowed.status_code == 200
+        assert CLIENT_KEY not in allowed.text and UPSTREAM_KEY not in allowed.text
+    assert httpx.get(f"{proxy.url}/health").json() == {"status": "ok"}
+    detail = httpx.get(f"{proxy.url}/health?detail=1", headers={"x-api-key": CLIENT_KEY}).json()
+    assert list(detail["providers"]) == ["openai"]
+    assert detail["providers"]["openai"]["state"] == "healthy"
+    models = httpx.get(f"{proxy.url}/v1/models", headers={"x-api-key": CLIENT_KEY}).json()
+    assert [m["id"] for m in models["data"]] == ["openai,big-upstream", "openai,middle-upstream",
+                                                 "openai,small-upstream"]

@@ -21,6 +21,8 @@ from claude_proxy.metrics import Metrics
 logger = logging.getLogger("claude_proxy.access")
 
 QUIET_PATHS = frozenset({"/", "/health", "/metrics"})
+# The order of the access line; `cached` (= cache_read) is kept for existing dashboards.
+TOKEN_KINDS = ("cache_read", "cache_write", "input", "output", "reasoning", "cached")
 
 
 @dataclass
@@ -42,8 +44,7 @@ class RequestRecord:
 
     def line(self, finished: float) -> str:
         ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
-        tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}"
-                          for kind in ("input", "output", "reasoning", "cached"))
+        tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}" for kind in TOKEN_KINDS)
         failover = ("failover=" + "->".join([*self.failover, self.provider]) + " "
                     if self.failover else "")
         return (f"request_id={self.request_id} {self.method} {self.path} "
@@ -110,6 +111,8 @@ class AccessLogMiddleware:
         metrics.duration.labels(stream).observe(finished - record.started)
         if record.first_byte is not None:
             metrics.time_to_first_byte.labels(stream).observe(record.first_byte - record.started)
+        if record.tokens:
+            metrics.cache.observe(record.provider, record.tokens)
         for kind, count in record.tokens.items():
             if count:
                 metrics.tokens.labels(kind).inc(count)
@@ -117,9 +120,12 @@ class AccessLogMiddleware:
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:
     """Anthropic usage of the finished response onto the current record."""
+    read = int(usage.get("cache_read_input_tokens", 0))
     current_record().tokens = {
+        "cache_read": read,
+        "cache_write": int(usage.get("cache_creation_input_tokens", 0)),
         "input": int(usage.get("input_tokens", 0)),
         "output": int(usage.get("output_tokens", 0)),
         "reasoning": reasoning,
-        "cached": int(usage.get("cache_read_input_tokens", 0)),
+        "cached": read,
     }

@@ -139,7 +139,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         if request.query_params.get("detail") not in (None, "", "0", "false"):
             check_client_key(request, settings)
             service: MessagesService = request.app.state.service
-            return json_response({"status": "ok", **health_detail(service.providers)})
+            return json_response({"status": "ok", **health_detail(service.providers,
+                                                                  metrics.cache.ratios())})
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")

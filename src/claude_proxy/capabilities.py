@@ -1,26 +1,75 @@
 """What the proxy has learned about upstream models while running (in memory only).
 
-A model that answered 400 to a field the proxy added (the reasoning fields, or one of the
-optional OpenAI fields below) is remembered, so later requests leave that field out instead of
-failing and retrying every time.
+A model that answered 400 to something the proxy added (the reasoning fields, one of the
+optional fields below, the client's cache breakpoints, a system message after the first) is
+remembered, so later requests leave that out instead of failing and retrying every time.
+With several workers each process learns on its own (one failed request per worker at most).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from claude_proxy.conversion.caching import (
+    has_cache_control,
+    has_system_after_first,
+    names_system_position,
+    strip_cache_control,
+    system_messages_as_user,
+)
+
 REASONING = "reasoning"
-# Fields the proxy adds that some OpenAI-compatible servers do not know (older Azure
-# api-versions and vLLM/Ollama builds reject stream_options, some reject user).
-OPTIONAL_FIELDS = ("stream_options", "parallel_tool_calls", "user")
 
 # Words a refusal of the reasoning fields names, besides the field names themselves
 # (Ollama: '"x" does not support thinking').
 _REFUSAL_WORDS = ("thinking", "reasoning")
 _ABOUT_A_FIELD = re.compile(r"argument|parameter|field|propert|not permitted|unrecognized|"
                             r"unknown|extra|unsupported|not supported|invalid", re.IGNORECASE)
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusable:
+    """Something the proxy may send that an upstream can refuse: how to tell it is in a
+    body, whether an error message names it, and how to send the body without it."""
+
+    name: str
+    present: Callable[[Body], bool]
+    named: Callable[[str], bool]
+    drop: Callable[[Body], None]
+
+
+def _names(field: str) -> Callable[[str], bool]:
+    word = re.compile(rf"\b{field}\b")
+    return lambda message: bool(_ABOUT_A_FIELD.search(message) and word.search(message))
+
+
+def _top_level(field: str) -> Refusable:
+    def drop(body: Body) -> None:
+        body.pop(field, None)
+
+    return Refusable(field, lambda body: field in body, _names(field), drop)
+
+
+REFUSABLE: tuple[Refusable, ...] = (
+    # Older Azure api-versions and vLLM/Ollama builds reject stream_options, some reject user;
+    # Groq and Gemini reject prompt_cache_key.
+    *(_top_level(field) for field in ("stream_options", "parallel_tool_calls", "user",
+                                      "prompt_cache_key")),
+    # Mistral, NIM and some Kimi relays reject breakpoints ("...cache_control: Extra inputs
+    # are not permitted"): sent without them.
+    Refusable("cache_control", has_cache_control, _names("cache_control"), strip_cache_control),
+    # Chat templates that take one system message only ("System message must be at the
+    # beginning."): later ones are sent in place as user messages.
+    Refusable("system_in_place", has_system_after_first, names_system_position,
+              system_messages_as_user),
+)
+OPTIONAL_FIELDS = tuple(refusable.name for refusable in REFUSABLE)
 
 
 def names_added_field(message: str, extras: dict[str, Any]) -> bool:
@@ -29,12 +78,17 @@ def names_added_field(message: str, extras: dict[str, Any]) -> bool:
     return any(name.lower() in lowered for name in (*extras, *_REFUSAL_WORDS))
 
 
-def refused_optional_fields(message: str, body: dict[str, Any]) -> list[str]:
-    """The optional fields of `body` that an upstream error message rejects."""
-    if not _ABOUT_A_FIELD.search(message):
-        return []
-    return [name for name in OPTIONAL_FIELDS
-            if name in body and re.search(rf"\b{name}\b", message)]
+def refused_optional_fields(message: str, body: Body) -> list[str]:
+    """The refusable things in `body` that an upstream error message rejects."""
+    return [refusable.name for refusable in REFUSABLE
+            if refusable.present(body) and refusable.named(message)]
+
+
+def drop_refused(body: Body, refuses: Callable[[str], bool]) -> None:
+    """`body` without whatever `refuses` says the model refused before."""
+    for refusable in REFUSABLE:
+        if refuses(refusable.name):
+            refusable.drop(body)
 
 
 class Refusals:

@@ -36,6 +36,7 @@ Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter
                   "chat_template_kwargs"]
 Passback = Literal["reasoning_content", "reasoning", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
+CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
 WebSearchMode = Literal["native", "backend", "off"]
 WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
@@ -151,6 +152,9 @@ class ProviderSettings(BaseModel):
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
+    prompt_cache: CacheMode | None = None
+    """How the client's `cache_control` breakpoints reach this upstream; unset means the
+    default for the profile and model (`conversion/caching.py`)."""
     web_search: WebSearchMode | None = None
     """How Claude Code's WebSearch runs for this provider: `native` (the provider's own
     search), `backend` (the process's WEB_SEARCH_BACKEND; the default when one is set) or
@@ -166,7 +170,7 @@ class ProviderSettings(BaseModel):
         return value
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
-                     "reasoning_passback", "web_search", mode="before")
+                     "reasoning_passback", "prompt_cache", "web_search", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":

@@ -7,6 +7,7 @@ have prometheus-client aggregate them (see its multiprocess mode).
 from __future__ import annotations
 
 import os
+import threading
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,6 +20,33 @@ from prometheus_client import (
 )
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class CacheStats:
+    """Prompt tokens and cache reads per provider since start, for the cache-hit ratio in
+    `/health?detail=1`. Per process: with several workers each reports its own requests."""
+
+    def __init__(self) -> None:
+        self._prompt: dict[str, int] = {}
+        self._read: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, provider: str, tokens: dict[str, int]) -> None:
+        """One answered request's tokens (the access record's kinds)."""
+        read = tokens.get("cache_read", 0)
+        prompt = tokens.get("input", 0) + read + tokens.get("cache_write", 0)
+        with self._lock:
+            self._prompt[provider] = self._prompt.get(provider, 0) + prompt
+            self._read[provider] = self._read.get(provider, 0) + read
+
+    def ratios(self) -> dict[str, dict[str, float | int]]:
+        """Per provider: prompt tokens, cache reads, and their ratio (0 before any)."""
+        with self._lock:
+            return {provider: {"prompt_tokens": prompt,
+                               "cache_read_tokens": self._read[provider],
+                               "cache_hit_ratio": round(self._read[provider] / prompt, 4)
+                               if prompt else 0.0}
+                    for provider, prompt in self._prompt.items()}
 
 
 class Metrics:
@@ -36,8 +64,10 @@ class Metrics:
                                   "Whole request duration", ["stream"],
                                   buckets=LATENCY_BUCKETS, registry=registry)
         self.tokens = Counter("claude_proxy_tokens_total",
-                              "Tokens by kind (input, output, reasoning, cached)", ["kind"],
+                              "Tokens by kind (input, output, reasoning, cache_read, "
+                              "cache_write; cached = cache_read)", ["kind"],
                               registry=registry)
+        self.cache = CacheStats()
         self.upstream_errors = Counter("claude_proxy_upstream_errors_total",
                                        "Upstream failures by Anthropic error type", ["type"],
                                        registry=registry)

@@ -16,11 +16,12 @@ from typing import Any, Literal, TypeVar
 
 from claude_proxy.access import RequestRecord, current_record, record_usage
 from claude_proxy.capabilities import (
-    OPTIONAL_FIELDS,
     REASONING,
+    drop_refused,
     names_added_field,
     refused_optional_fields,
 )
+from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
@@ -130,15 +131,15 @@ class MessagesService:
         return isinstance(signature, str) and self.signer.verify(
             str(block.get("thinking", "")), signature)
 
-    def convert(self, provider: Provider, model: str, body: dict[str, Any]) -> UpstreamRequest:
+    def convert(self, provider: Provider, model: str, body: dict[str, Any],
+                cache_key: str | None = None) -> UpstreamRequest:
         """The upstream request, minus whatever this model is known to refuse."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
         refusals = provider.refusals
         upstream = convert_request(body, provider.settings, model=model, is_ours=self.is_ours,
-                                   without_reasoning=refusals.refuses(model, REASONING))
-        for name in OPTIONAL_FIELDS:
-            if refusals.refuses(model, name):
-                upstream.body.pop(name, None)
+                                   without_reasoning=refusals.refuses(model, REASONING),
+                                   cache_key=cache_key)
+        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
         logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
         return upstream
 
@@ -157,10 +158,11 @@ class MessagesService:
         estimate = estimate_request_tokens(body)
         walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
                      self.providers)
+        cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
             try:
-                attempt, result = await self._attempt(provider, candidate, body, send)
+                attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
                 self._after_failure(walk, provider, candidate, error, estimate)
@@ -241,10 +243,11 @@ class MessagesService:
     # ------------------------------------------------------------ one provider
 
     async def _attempt(self, provider: Provider, candidate: Candidate, body: dict[str, Any],
-                       send: Send[T]) -> tuple[Attempt, T]:
-        """Send to one provider; if it refuses a field we added (an optional OpenAI field,
-        or the reasoning fields), remember that for the model and send once more without."""
-        upstream = self.convert(provider, candidate.model, body)
+                       send: Send[T], cache_key: str | None = None) -> tuple[Attempt, T]:
+        """Send to one provider; if it refuses something we added (an optional field, the
+        cache breakpoints, the reasoning fields, a later system message), remember that for
+        the model and send once more without. `cache_key`: the session's prompt-cache key."""
+        upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
             return Attempt(provider, candidate, upstream), await send(provider, upstream)
         except ProxyError as error:
@@ -258,7 +261,7 @@ class MessagesService:
                            "it out for this model from now on", model, what, error.message)
             for field in refused:
                 provider.refusals.remember(model, field)
-            upstream = self.convert(provider, candidate.model, body)
+            upstream = self.convert(provider, candidate.model, body, cache_key)
             return Attempt(provider, candidate, upstream), await send(provider, upstream)
 
     @staticmethod
@@ -299,7 +302,8 @@ class MessagesService:
     def remember_session(self, session: str | None, record: RequestRecord) -> None:
         """The input this turn really used, for the next turn's long_context rule."""
         self.sessions.remember(session, record.tokens.get("input", 0)
-                               + record.tokens.get("cached", 0))
+                               + record.tokens.get("cache_read", 0)
+                               + record.tokens.get("cache_write", 0))
 
 
 def _retry_after(error: ProxyError) -> float | None:

@@ -41,6 +41,43 @@ def convert_system(system: Any) -> str | None:
     return TEXT_SEPARATOR.join(texts) or None
 
 
+def system_parts(system: Any) -> str | list[Part] | None:
+    """The system prompt as text parts, one per block, each keeping the client's
+    `cache_control` (for upstreams that take breakpoints); billing header left out too."""
+    if isinstance(system, str):
+        return system or None
+    parts = [part for part in text_parts(system) if not _is_billing_header(part["text"])]
+    return parts or None
+
+
+def text_parts(blocks: Any) -> list[Part]:
+    """The text blocks of some content as text parts, with their `cache_control`."""
+    if isinstance(blocks, str):
+        return [_text_part(blocks)] if blocks else []
+    parts: list[Part] = []
+    for block in blocks or []:
+        if isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"]:
+            parts.append(_marked([_text_part(block["text"])], block)[0])
+    return parts
+
+
+def _marked(parts: list[Part], block: dict[str, Any]) -> list[Part]:
+    """The client's `cache_control` of a block, copied onto the last part made from it (a
+    breakpoint marks the end of a block). The caching layer decides what is sent."""
+    marker = block.get("cache_control")
+    if parts and isinstance(marker, dict):
+        parts[-1]["cache_control"] = dict(marker)
+    return parts
+
+
+def marker_of(parts: list[Part]) -> dict[str, Any] | None:
+    """The breakpoint of the last marked part, if any."""
+    for part in reversed(parts):
+        if isinstance(part.get("cache_control"), dict):
+            return dict(part["cache_control"])
+    return None
+
+
 def _is_billing_header(text: str) -> bool:
     return text.lstrip().startswith(BILLING_HEADER_PREFIX)
 
@@ -128,6 +165,10 @@ def content_parts(content: Any, *, context: str) -> list[Part]:
 
 
 def _block_parts(block: dict[str, Any], context: str) -> list[Part]:
+    return _marked(_unmarked_block_parts(block, context), block)
+
+
+def _unmarked_block_parts(block: dict[str, Any], context: str) -> list[Part]:
     kind = block.get("type")
     if kind == "text":
         text = block.get("text")
@@ -173,9 +214,16 @@ def _web_search_text(block: dict[str, Any]) -> str:
     return "Web search results:\n" + "\n".join(lines)
 
 
-def user_content(parts: list[Part]) -> str | list[Part]:
-    """Text-only content as one string (every upstream takes that), otherwise the parts."""
-    if all(part["type"] == "text" for part in parts):
+def user_content(parts: list[Part], keep_parts: bool = False) -> str | list[Part]:
+    """Text-only content as one string (every upstream takes that), otherwise the parts.
+
+    With `keep_parts` (an upstream that takes breakpoints) several blocks stay separate parts
+    on every turn, and a single marked one becomes a one-part array (rendered like the string
+    it is on later turns), so the marker stays on the part the client marked."""
+    text_only = all(part["type"] == "text" for part in parts)
+    if keep_parts and text_only and (len(parts) > 1 or marker_of(parts) is not None):
+        return parts
+    if text_only:
         return TEXT_SEPARATOR.join(part["text"] for part in parts)
     return parts
 
@@ -183,7 +231,7 @@ def user_content(parts: list[Part]) -> str | list[Part]:
 # ---------------------------------------------------------------- turns
 
 
-def convert_user_turn(content: Any) -> list[dict[str, Any]]:
+def convert_user_turn(content: Any, keep_parts: bool = False) -> list[dict[str, Any]]:
     """One Anthropic user turn as tool messages followed by at most one user message."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
@@ -194,25 +242,27 @@ def convert_user_turn(content: Any) -> list[dict[str, Any]]:
         if not isinstance(block, dict):
             continue
         if block.get("type") == "tool_result":
-            message, images = tool_result_message(block)
+            message, images = tool_result_message(block, keep_parts)
             tool_messages.append(message)
             tool_images.extend(images)
         else:
             parts.extend(_block_parts(block, "user"))
     parts = tool_images + parts
     if parts:
-        return [*tool_messages, {"role": "user", "content": user_content(parts)}]
+        return [*tool_messages, {"role": "user", "content": user_content(parts, keep_parts)}]
     if not tool_messages:
         # An empty user turn still has a place in the conversation.
         return [{"role": "user", "content": ""}]
     return tool_messages
 
 
-def tool_result_message(block: dict[str, Any]) -> tuple[dict[str, Any], list[Part]]:
+def tool_result_message(block: dict[str, Any],
+                        keep_parts: bool = False) -> tuple[dict[str, Any], list[Part]]:
     """A `tool_result` as an OpenAI tool message; its images go to a following user message.
 
     Tool messages only carry text on most upstreams, so images are moved out, announced by a
-    line that names the call they came from.
+    line that names the call they came from. A marked result (with `keep_parts`) is one text
+    part carrying the breakpoint: the same text as the string form of later turns.
     """
     call_id = to_upstream_id(str(block.get("tool_use_id", "")))
     parts = content_parts(block.get("content"), context="tool_result")
@@ -224,6 +274,10 @@ def tool_result_message(block: dict[str, Any]) -> tuple[dict[str, Any], list[Par
     images: list[Part] = []
     if media:
         images = [_text_part(f"Content returned by tool call {call_id}:"), *media]
+    marker = marker_of(_marked([_text_part(text)], block)) or marker_of(parts)
+    if keep_parts and marker is not None:
+        return {"role": "tool", "tool_call_id": call_id,
+                "content": [{**_text_part(text), "cache_control": marker}]}, images
     return {"role": "tool", "tool_call_id": call_id, "content": text}, images
 
 
@@ -235,11 +289,11 @@ class AssistantTurn:
     thinking: list[dict[str, Any]] = field(default_factory=list)
 
 
-def convert_assistant_turn(content: Any) -> AssistantTurn:
+def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantTurn:
     """Text and tool_use blocks become one assistant message; thinking is set aside."""
     if isinstance(content, str):
         return AssistantTurn({"role": "assistant", "content": content})
-    texts: list[str] = []
+    texts: list[Part] = []
     tool_calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
     for block in content or []:
@@ -251,12 +305,12 @@ def convert_assistant_turn(content: Any) -> AssistantTurn:
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
         else:
-            texts.extend(part["text"] for part in _block_parts(block, "assistant")
+            texts.extend(part for part in _block_parts(block, "assistant")
                          if part["type"] == "text")
     if not texts and not tool_calls:
         return AssistantTurn(None, thinking)
     message: dict[str, Any] = {"role": "assistant",
-                               "content": TEXT_SEPARATOR.join(texts) if texts else None}
+                               "content": user_content(texts, keep_parts) if texts else None}
     if tool_calls:
         message["tool_calls"] = tool_calls
     return AssistantTurn(message, thinking)
@@ -274,8 +328,8 @@ def tool_call(block: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def convert_system_turn(content: Any) -> dict[str, Any] | None:
+def convert_system_turn(content: Any, keep_parts: bool = False) -> dict[str, Any] | None:
     """A `role: "system"` message inside `messages` (Claude Code sends these) stays a system
-    message at its place in the conversation."""
-    text = TEXT_SEPARATOR.join(_block_texts(content))
-    return {"role": "system", "content": text} if text else None
+    message at its place in the conversation (moving it would change every later prefix)."""
+    parts = text_parts(content)
+    return {"role": "system", "content": user_content(parts, keep_parts)} if parts else None

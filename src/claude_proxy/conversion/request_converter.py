@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
+from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
 from claude_proxy.conversion.messages import (
     AssistantTurn,
+    Part,
     convert_assistant_turn,
     convert_system,
     convert_system_turn,
     convert_user_turn,
+    system_parts,
 )
 from claude_proxy.conversion.reasoning import (
     attach_passback,
@@ -46,10 +49,12 @@ def map_model(requested: str, settings: ProviderSettings) -> str:
 
 
 def convert_messages(
-    messages: list[dict[str, Any]], system: str | None = None
+    messages: list[dict[str, Any]], system: str | list[Part] | None = None,
+    keep_parts: bool = False,
 ) -> tuple[list[dict[str, Any]], list[tuple[int, AssistantTurn]]]:
     """The OpenAI messages (the system prompt first), and each assistant turn with its
-    position in that list, so the reasoning layer can attach earlier thinking to it."""
+    position in that list, so the reasoning layer can attach earlier thinking to it.
+    `keep_parts` keeps marked content as parts (an upstream that takes breakpoints)."""
     converted: list[dict[str, Any]] = []
     if system is not None:
         converted.append({"role": "system", "content": system})
@@ -58,16 +63,16 @@ def convert_messages(
         role = message.get("role")
         content = message.get("content")
         if role == "assistant":
-            turn = convert_assistant_turn(content)
+            turn = convert_assistant_turn(content, keep_parts)
             if turn.message is not None:
                 assistant_turns.append((len(converted), turn))
                 converted.append(turn.message)
         elif role == "system":
-            system_message = convert_system_turn(content)
+            system_message = convert_system_turn(content, keep_parts)
             if system_message is not None:
                 converted.append(system_message)
         else:
-            converted.extend(convert_user_turn(content))
+            converted.extend(convert_user_turn(content, keep_parts))
     return converted, assistant_turns
 
 
@@ -126,17 +131,22 @@ def convert_request(
     model: str | None = None,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     without_reasoning: bool = False,
+    cache_key: str | None = None,
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
 
     `model` is the upstream model the router chose (default: the tier mapping); `is_ours`
     tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
-    `without_reasoning` leaves every reasoning field out (a model known to refuse them).
+    `without_reasoning` leaves every reasoning field out (a model known to refuse them);
+    `cache_key` is the session's prompt-cache key (`caching.session_cache_key`).
     """
-    source = request["messages"] if settings.vision else without_media(request["messages"])
-    messages, assistant_turns = convert_messages(source, convert_system(request.get("system")))
-
     model = model or map_model(request["model"], settings)
+    mode = cache_mode(settings, model)
+    keep_parts = keeps_breakpoints(mode)
+    system = (system_parts if keep_parts else convert_system)(request.get("system"))
+    source = request["messages"] if settings.vision else without_media(request["messages"])
+    messages, assistant_turns = convert_messages(source, system, keep_parts)
+
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -158,6 +168,7 @@ def convert_request(
         if passback != "none" and any(passback in message for message in messages):
             result.extras[passback] = "<history>"
     result.think_tags = matches_prefix(model, settings.think_tag_models)
+    apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
     return result
 
 

@@ -1,4 +1,9 @@
-"""OpenAI usage → Anthropic usage, and character-based estimates when there is none."""
+"""OpenAI usage → Anthropic usage, and character-based estimates when there is none.
+
+Cache reads and writes come back in a different place per upstream (see README "Prompt
+caching"); Anthropic's `input_tokens` excludes both, and Claude Code adds the three up to know
+how full the context is.
+"""
 
 from __future__ import annotations
 
@@ -18,19 +23,41 @@ def _int(value: Any) -> int:
 
 
 def find_usage(chunk: dict[str, Any]) -> dict[str, Any] | None:
-    """The usage object of a chunk wherever the provider put it (Groq: `x_groq.usage`)."""
+    """The usage object of a chunk wherever the provider put it (Groq: `x_groq.usage`;
+    Moonshot, streaming: `choices[0].usage`)."""
     usage = chunk.get("usage")
     if not isinstance(usage, dict):
         extra = chunk.get("x_groq")
         usage = extra.get("usage") if isinstance(extra, dict) else None
+    if not isinstance(usage, dict):
+        choices = chunk.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        usage = first.get("usage") if isinstance(first, dict) else None
     return usage if isinstance(usage, dict) else None
 
 
-def cached_tokens(usage: dict[str, Any]) -> int:
+def _details(usage: dict[str, Any]) -> dict[str, Any]:
     details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and _int(details.get("cached_tokens")):
-        return _int(details.get("cached_tokens"))
-    return _int(usage.get("cached_tokens")) or _int(usage.get("prompt_cache_hit_tokens"))
+    return details if isinstance(details, dict) else {}
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """Prompt tokens read from the cache: `prompt_tokens_details.cached_tokens` (OpenAI,
+    OpenRouter, DashScope, Z.AI, xAI, vLLM), DeepSeek's `prompt_cache_hit_tokens`, Moonshot's
+    top-level `cached_tokens`."""
+    return (_int(usage.get("cache_read_input_tokens"))
+            or _int(_details(usage).get("cached_tokens"))
+            or _int(usage.get("prompt_cache_hit_tokens"))
+            or _int(usage.get("cached_tokens")))
+
+
+def cache_write_tokens(usage: dict[str, Any]) -> int:
+    """Prompt tokens written to the cache: OpenRouter's `prompt_tokens_details.
+    cache_write_tokens`, DashScope's `prompt_tokens_details.cache_creation_input_tokens`."""
+    details = _details(usage)
+    return (_int(usage.get("cache_creation_input_tokens"))
+            or _int(details.get("cache_write_tokens"))
+            or _int(details.get("cache_creation_input_tokens")))
 
 
 def reasoning_tokens(usage: dict[str, Any]) -> int:
@@ -49,11 +76,12 @@ def output_tokens(usage: dict[str, Any]) -> int:
 
 
 def anthropic_usage(usage: dict[str, Any]) -> dict[str, int]:
-    """`input_tokens` excludes cache reads, as Anthropic counts them."""
-    cached = cached_tokens(usage)
+    """`input_tokens` excludes cache reads and writes, as Anthropic counts them (every
+    upstream above counts both inside `prompt_tokens`)."""
+    read, written = cached_tokens(usage), cache_write_tokens(usage)
     return {
-        "input_tokens": max(_int(usage.get("prompt_tokens")) - cached, 0),
+        "input_tokens": max(_int(usage.get("prompt_tokens")) - read - written, 0),
         "output_tokens": output_tokens(usage),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
     }

@@ -37,14 +37,20 @@ def models_page(ids: list[str], created: datetime) -> dict[str, Any]:
             "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None}
 
 
-def health_detail(providers: Mapping[str, Provider]) -> dict[str, Any]:
-    """Each provider's breaker state. Kept per process: the answer says which one."""
+NO_CACHE_USE = {"prompt_tokens": 0, "cache_read_tokens": 0, "cache_hit_ratio": 0.0}
+
+
+def health_detail(providers: Mapping[str, Provider],
+                  cache: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each provider's breaker state and prompt-cache hit ratio (`metrics.CacheStats`).
+    Kept per process: the answer says which one."""
     detail: dict[str, Any] = {}
     for name, provider in providers.items():
         snapshot = asdict(provider.health.snapshot())
         until = snapshot.pop("cooling_until")
         snapshot["cooling_until"] = (None if until is None else datetime.fromtimestamp(
             until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        detail[name] = {"profile": provider.settings.provider_name, **snapshot}
+        detail[name] = {"profile": provider.settings.provider_name, **snapshot,
+                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE)}
     return {"scope": f"this process only (pid {os.getpid()}); other workers or replicas "
                      "keep their own state", "providers": detail}

@@ -40,6 +40,8 @@ logger = logging.getLogger("claude_proxy.config")
 ROUTE_NAMES = ("default", "background", "think", "long_context", "image", "web_search")
 KEYLESS_PROFILES = frozenset({"ollama", "vllm"})
 SECRET_FROM_ENV = "env:"
+FILE_PROVIDER_RETRIES = 1
+"""A provider's own retries stay small: failover and Claude Code (10 tries) retry too."""
 
 
 class ConfigurationError(Exception):
@@ -157,6 +159,7 @@ def _provider(path: Path, name: str, table: dict[str, Any],
     if env_file is not None:
         values.update(_env_file_values(path, where, Path(str(env_file))))
     values.update({key.lower(): value for key, value in table.items() if key != "env_file"})
+    values.setdefault("max_retries", FILE_PROVIDER_RETRIES)
     values = {key: _resolve_secret(path, where, key, value, environ)
               for key, value in values.items()}
     values["tool_groups_disabled"] = _pop_prefixed(values, TOOL_GROUPS_DISABLED)
