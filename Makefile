@@ -8,7 +8,7 @@ CLAUDE_CODE_DIR := .cache/claude-code
 CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 export CLAUDE_BIN
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test test-container lint typecheck unit bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ run: $(VENV)/.installed
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
 test: $(VENV)/.installed-test $(CLAUDE_BIN) lint typecheck
 	$(BIN)/python -m pytest
+
+## test-container: build the image with docker or podman, run it, check it from outside
+test-container: $(VENV)/.installed-test
+	$(BIN)/python -m tests.container
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests

@@ -1,10 +1,15 @@
-"""Logging set-up: console plus a rotating file, with secrets redacted at every level."""
+"""Logging set-up: stdout plus an optional rotating file, with secrets redacted at every level.
+
+Logging never stops the proxy: a LOG_FILE that cannot be opened (a read-only folder, a volume
+owned by another user in a container) is one WARNING on stdout, and the proxy goes on without
+the file."""
 
 from __future__ import annotations
 
 import logging
 import logging.handlers
 import re
+import sys
 from pathlib import Path
 
 _HEADER_SECRET = re.compile(
@@ -46,26 +51,41 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+def open_log_file(log_file: str) -> logging.Handler | None:
+    """The rotating file handler (10 MB, 5 kept), or None after one WARNING when the file
+    cannot be opened: a missing log file must never keep the proxy from serving."""
+    try:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        return logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8")
+    except OSError as error:
+        logging.getLogger("claude_proxy").warning(
+            "LOG_FILE %s cannot be opened (%s: %s): logging to stdout only", log_file,
+            error.strerror or type(error).__name__, error.filename or log_file)
+        return None
+
+
 def configure_logging(level: str, log_file: str | None, secrets: list[str]) -> None:
-    """Attach console and file handlers to the root logger (uvicorn's loggers included)."""
+    """Attach stdout and file handlers to the root logger (uvicorn's loggers included)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
+    root.setLevel(level)
     formatter = logging.Formatter(LOG_FORMAT)
     redactor = RedactingFilter(secrets)
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if log_file:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8"))
-    for handler in handlers:
+
+    def attach(handler: logging.Handler) -> None:
         handler.setFormatter(formatter)
         handler.addFilter(redactor)
         root.addHandler(handler)
-    root.setLevel(level)
+
+    attach(logging.StreamHandler(sys.stdout))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     for noisy in ("httpx", "httpcore", "sse_starlette", "hpack"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    file_handler = open_log_file(log_file) if log_file else None
+    if file_handler is not None:
+        attach(file_handler)
