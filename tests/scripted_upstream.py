@@ -5,6 +5,11 @@ request's messages carry `SCENARIO:replay:<stem>`, with the recorded transcript 
 (`tests/data/transcripts/<stem>.json`, served byte for byte). Replies can also fail: an HTTP
 error with headers, or a stream that is cut after N events.
 
+It also speaks the Responses API (`/v1/responses`, Azure's `/openai/v1/responses`): scripted
+event lists (`event:` + `data:` framing, no `[DONE]`), and the recordings in
+`tests/data/opaque-reasoning/` when the input names `SCENARIO:replay:<stem>`; a recording of
+several turns serves the turn after as many `function_call_output` items as the input has.
+
 Run alone (for manual checks): `python tests/scripted_upstream.py --port 9000`.
 """
 
@@ -29,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
+OPAQUE = Path(__file__).parent / "data" / "opaque-reasoning"
 _SCENARIO = re.compile(r"SCENARIO:replay:([A-Za-z0-9._-]+)")
 
 
@@ -55,6 +61,8 @@ class Reply:
     """Stop after this many pieces and wait until the connection is closed."""
     keepalive_forever: bool = False
     """After the events, send an SSE comment every 50 ms until the connection is closed."""
+    named: bool = False
+    """Responses API framing: each event gets an `event: <type>` line; no `[DONE]`."""
 
     def render_events(self) -> list[bytes]:
         """The SSE byte pieces: comments placed before the N-th data event, then [DONE]."""
@@ -65,7 +73,8 @@ class Reply:
         for position, payload in enumerate(events):
             pieces.extend(f"{text}\n\n".encode() for at, text in self.comments if at == position)
             data = payload if isinstance(payload, str) else json.dumps(payload)
-            pieces.append(f"data: {data}\n\n".encode())
+            name = f"event: {json.loads(data)['type']}\n" if self.named else ""
+            pieces.append(f"{name}data: {data}\n\n".encode())
         pieces.extend(f"{text}\n\n".encode() for at, text in self.comments if at >= len(events))
         if self.done and not self.keepalive_forever and not (events and events[-1] == "[DONE]"):
             pieces.append(b"data: [DONE]\n\n")
@@ -97,8 +106,35 @@ def transcript_chunks(stem: str) -> list[dict[str, Any]]:
 
 
 def scenario_of(body: dict[str, Any]) -> str | None:
-    match = _SCENARIO.search(json.dumps(body.get("messages", [])))
+    match = _SCENARIO.search(json.dumps(body.get("messages", body.get("input", []))))
     return match.group(1) if match else None
+
+
+def recorded_turns(stem: str) -> list[list[str]]:
+    """The turns of a vercel `*.chunks.txt` recording: its lines, exactly, split at each
+    `response.created`."""
+    turns: list[list[str]] = []
+    for line in (OPAQUE / f"{stem}.chunks.txt").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        if json.loads(line)["type"] == "response.created" or not turns:
+            turns.append([])
+        turns[-1].append(line)
+    return turns
+
+
+def responses_replay(stem: str, body: dict[str, Any]) -> Reply:
+    """A recorded /responses answer: a stream recording's next turn, or a JSON body."""
+    if body.get("stream"):
+        done = sum(1 for item in body.get("input", []) if item.get("type") ==
+                   "function_call_output")
+        return Reply(events=list(recorded_turns(stem)[done]), named=True, done=False)
+    return Reply(raw_body=(OPAQUE / f"{stem}.json").read_bytes())
+
+
+def responses_stream(*events: dict[str, Any], status: int = 200) -> Reply:
+    """A scripted /responses stream."""
+    return Reply(status=status, events=list(events), named=True, done=False)
 
 
 # ------------------------------------------------------------------ helpers for scripts
@@ -198,7 +234,10 @@ class ScriptedUpstream(LoopbackServer):
             Route("/v1/chat/completions", self._handle, methods=["POST"]),
             Route("/openai/deployments/{name}/chat/completions", self._handle,
                   methods=["POST"]),
+            Route("/v1/responses", self._handle, methods=["POST"]),
+            Route("/openai/v1/responses", self._handle, methods=["POST"]),
         ])
+        self.paths: list[str] = []
 
     @property
     def base_url(self) -> str:
@@ -208,13 +247,16 @@ class ScriptedUpstream(LoopbackServer):
         self._replies.extend(replies)
 
     def reset(self) -> None:
+        self.paths.clear()
         self.requests.clear()
         self.headers.clear()
         self._replies.clear()
         self.responder = None
 
-    def _next_reply(self, body: dict[str, Any]) -> Reply:
+    def _next_reply(self, body: dict[str, Any], path: str) -> Reply:
         stem = scenario_of(body)
+        if stem and path.endswith("/responses"):
+            return responses_replay(stem, body)
         if stem:
             return transcript_reply(stem)
         if self.responder is not None:
@@ -232,7 +274,8 @@ class ScriptedUpstream(LoopbackServer):
         with self._lock:
             self.requests.append(body)
             self.headers.append(dict(request.headers))
-            reply = self._next_reply(body)
+            self.paths.append(request.url.path)
+            reply = self._next_reply(body, request.url.path)
         if reply.events is None and reply.raw_pieces is None and reply.stall_at is not None:
             # A JSON answer that never comes (until the caller goes away).
             stalled = Reply(raw_pieces=[], stall_at=0)

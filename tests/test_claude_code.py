@@ -24,6 +24,7 @@ from tests.scripted_upstream import (
     chunk,
     completion,
     error_reply,
+    responses_stream,
     text_stream,
 )
 from tests.search_backend import HITS, SearchBackendServer
@@ -327,3 +328,76 @@ def test_web_search_native_on_glm(
         t.get("type") == "web_search" for t in r["tools"]))
     assert native["tools"][0]["web_search"]["search_query"] == WEB_QUERY
     assert "stream" not in native
+
+
+ENCRYPTED = "gAAAAABscripted-encrypted-reasoning_0123456789-abcdefghijklmnopqrstuvwxyz=="
+SUMMARY = ["**Running the echo**\n\nI need to run ", "echo first."]
+
+
+def responses_bash_responder(body: dict[str, Any]) -> Reply:
+    """A /responses upstream with `store: false`: first a reasoning item (summary and
+    encrypted content) and a Bash call; then an answer, but only if the reasoning item came
+    back before its call (else the error OpenAI gives)."""
+    outputs = [item for item in body["input"] if item.get("type") == "function_call_output"]
+    if not outputs:
+        arguments = '{"command": "echo hi-from-tool", "description": "Print a greeting"}'
+        return responses_stream(
+            {"type": "response.created", "response": {"status": "in_progress"}},
+            {"type": "response.output_item.added", "output_index": 0, "item": {
+                "type": "reasoning", "id": "rs_cc_1", "encrypted_content": "gAAAApartial",
+                "summary": []}},
+            {"type": "response.reasoning_summary_part.added", "item_id": "rs_cc_1",
+             "summary_index": 0},
+            *({"type": "response.reasoning_summary_text.delta", "item_id": "rs_cc_1",
+               "summary_index": 0, "delta": piece} for piece in SUMMARY),
+            {"type": "response.output_item.done", "output_index": 0, "item": {
+                "type": "reasoning", "id": "rs_cc_1", "encrypted_content": ENCRYPTED,
+                "summary": [{"type": "summary_text", "text": "".join(SUMMARY)}]}},
+            {"type": "response.output_item.added", "output_index": 1, "item": {
+                "type": "function_call", "id": "fc_cc_1", "call_id": "call_cc_1",
+                "name": "Bash", "arguments": ""}},
+            {"type": "response.function_call_arguments.delta", "item_id": "fc_cc_1",
+             "delta": arguments[:20]},
+            {"type": "response.function_call_arguments.delta", "item_id": "fc_cc_1",
+             "delta": arguments[20:]},
+            {"type": "response.output_item.done", "output_index": 1, "item": {
+                "type": "function_call", "id": "fc_cc_1", "call_id": "call_cc_1",
+                "name": "Bash", "arguments": arguments}},
+            {"type": "response.completed", "response": {"usage": {
+                "input_tokens": 900, "output_tokens": 40,
+                "output_tokens_details": {"reasoning_tokens": 30}}}})
+    kinds = [(item.get("type"), item.get("id")) for item in body["input"]]
+    reasoning = next((item for item in body["input"] if item.get("type") == "reasoning"), None)
+    if (reasoning is None or reasoning["encrypted_content"] != ENCRYPTED
+            or kinds[kinds.index(("reasoning", "rs_cc_1")) + 1] != ("function_call", "fc_cc_1")):
+        return error_reply(400, "Item 'fc_cc_1' of type 'function_call' was provided without "
+                                "its required 'reasoning' item: 'rs_cc_1'.")
+    text = "The command printed: " + outputs[-1]["output"].splitlines()[0]
+    return responses_stream(
+        {"type": "response.created", "response": {"status": "in_progress"}},
+        {"type": "response.output_item.added", "item": {"type": "message", "id": "msg_cc"}},
+        {"type": "response.output_text.delta", "item_id": "msg_cc", "delta": text},
+        {"type": "response.completed", "response": {"usage": {"input_tokens": 950,
+                                                              "output_tokens": 8}}})
+
+
+def test_responses_api_thinking_and_encrypted_reasoning_round_trip(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(provider="openai", middle_model="gpt-5-mini",
+                          thinking_signature_secret=SECRET)
+    upstream.responder = responses_bash_responder
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    thinking = blocks(lines, "thinking")
+    assert [t["thinking"] for t in thinking] == ["".join(SUMMARY)]
+    envelope = SIGNER.verify(thinking[0]["thinking"], thinking[0]["signature"])
+    assert envelope is not None and envelope.opaque[0]["encrypted_content"] == ENCRYPTED
+    assert upstream.paths == ["/v1/responses", "/v1/responses"]
+    first, second = upstream.requests
+    assert first["reasoning"]["summary"] == "auto" and first["store"] is False
+    assert first["prompt_cache_key"] == second["prompt_cache_key"]  # one session, one key
+    assert first["prompt_cache_key"].startswith("cc-")
+    assert [item for item in second["input"] if item.get("type") == "reasoning"] == [
+        {"type": "reasoning", "id": "rs_cc_1", "encrypted_content": ENCRYPTED, "summary": []}]
+    assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"
+    assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2

@@ -116,8 +116,10 @@ def test_xai_reasoning_effort_for_a_configured_chat_prefix(
 
 def test_azure_reasoning_model_gets_only_reasoning_effort(
         proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # Issue 10: gpt-5 goes to /responses unless RESPONSES_API=false; this is the chat path.
     proxy = proxy_factory(provider="azure", azure_api_version="2024-12-01-preview",
-                          middle_model="gpt-5-mini", reasoning_with_tools=True)
+                          middle_model="gpt-5-mini", reasoning_with_tools=True,
+                          responses_api=False)
     message = stream_message(proxy, messages=replay("azure-gpt5mini-tool"), tools=[BASH],
                              **ADAPTIVE_HIGH)
     request = upstream.requests[-1]
@@ -165,7 +167,11 @@ def test_encrypted_reasoning_never_becomes_thinking_text(
     proxy = reasoning_proxy(proxy_factory, "openrouter", "google/gemini-3.1-flash-lite-preview")
     message = stream_message(proxy, messages=replay("openrouter-gemini-encrypted-reasoning-tools"),
                              tools=[BASH], **ADAPTIVE_HIGH)
-    assert [b.type for b in message.content] == ["tool_use", "tool_use"]
+    # Issue 10: the encrypted entry travels in an empty thinking block's signature.
+    assert [b.type for b in message.content] == ["thinking", "tool_use", "tool_use"]
+    assert message.content[0].thinking == ""
+    envelope = SIGNER.verify("", message.content[0].signature)
+    assert envelope is not None and envelope.opaque[0]["type"] == "reasoning.encrypted"
 
 
 def test_mid_stream_failure_with_open_thinking_block(

@@ -154,6 +154,10 @@ def test_recorded_provider_streams_through_the_proxy(
             {"role": "user", "content": f"SCENARIO:replay:{stem}"}])) as stream:
         message = stream.get_final_message()
     expected = expected_from_chunks(transcript_chunks(stem))
+    if expected["text"].lstrip().startswith("<think>"):
+        # Issue 10: a leading <think> is split for every model; thinking is off here, so the
+        # tagged text is removed.
+        expected["text"] = expected["text"].split("</think>", 1)[1]
     thinking = "".join(b.thinking for b in message.content if b.type == "thinking")
     text = "".join(b.text for b in message.content if b.type == "text")
     tools = [(b.name, b.input) for b in message.content if b.type == "tool_use"]

@@ -627,3 +627,49 @@ def test_a_failing_first_model_call_ends_the_stream_with_an_error(
     with pytest.raises(anthropic.APIStatusError) as caught:
         create_message(proxy, {**body, "stream": False})
     assert caught.value.status_code == 503
+
+
+RESPONSES_ANSWER = {
+    "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5",
+    "output": [
+        {"type": "web_search_call", "id": "ws_1", "status": "completed",
+         "action": {"type": "search", "query": QUERY, "sources": [
+             {"type": "url", "url": HITS[0].url}, {"type": "url", "url": HITS[2].url}]}},
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "Rust 1.91.0 is out.", "annotations": [
+             {"type": "url_citation", "url": HITS[0].url, "title": HITS[0].title,
+              "start_index": 0, "end_index": 19}]}]}],
+    "usage": {"input_tokens": 800, "output_tokens": 12, "total_tokens": 812}}
+
+
+def test_native_search_on_the_responses_api(proxy_factory: Callable[..., ProxyServer],
+                                            upstream: ScriptedUpstream,
+                                            search_backend: SearchBackendServer) -> None:
+    """An OpenAI reasoning model (sent to /responses) searches with its `web_search` tool;
+    the cited sources come first, with titles, then the other sources it read."""
+    proxy = search_proxy(proxy_factory, search_backend, provider="openai",
+                         small_model="gpt-5", web_search="native")
+    upstream.queue(Reply(body=RESPONSES_ANSWER))
+    message = stream_message(proxy, side_query(allowed_domains=["rust-lang.org",
+                                                                "github.com"]))
+    assert result_pairs(message.content[1]) == [  # type: ignore[arg-type]
+        (HITS[0].url, HITS[0].title), (HITS[2].url, HITS[2].url)]
+    assert message.content[2].text == "Rust 1.91.0 is out."  # type: ignore[union-attr]
+    assert upstream.paths == ["/v1/responses"] and search_backend.requests == []
+    sent = upstream.requests[0]
+    assert sent["tools"] == [{"type": "web_search", "filters": {
+        "allowed_domains": ["rust-lang.org", "github.com"]}}]
+    assert "web_search_call.action.sources" in sent["include"] and "stream" not in sent
+
+
+def test_native_without_a_native_search_uses_the_backend(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        search_backend: SearchBackendServer) -> None:
+    proxy = search_proxy(proxy_factory, search_backend, provider="deepseek",
+                         small_model="deepseek-chat", web_search="native")
+    upstream.queue(completion({"content": SUMMARY}))
+    message = stream_message(proxy, side_query())
+    assert result_pairs(message.content[1]) == expected_pairs()  # type: ignore[arg-type]
+    assert [s.query for s in search_backend.requests] == [QUERY]
+    assert len(upstream.requests) == 1  # only the summary call
+    assert_clean_upstream(upstream.requests)

@@ -23,6 +23,8 @@ from claude_proxy.conversion.caching import (
 )
 
 REASONING = "reasoning"
+SUMMARY = "reasoning.summary"
+"""Responses API: reasoning summaries refused (an organisation not verified for them)."""
 
 # Words a refusal of the reasoning fields names, besides the field names themselves
 # (Ollama: '"x" does not support thinking').

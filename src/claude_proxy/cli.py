@@ -149,7 +149,7 @@ def provider_summary(settings: ProviderSettings) -> str:
     reasoning = (f"dialect {settings.dialect} for "
                  f"{','.join(settings.chat_prefixes + settings.model_prefixes) or 'no model'}, "
                  f"passback {settings.passback}, with tools "
-                 f"{'on' if settings.reasoning_with_tools else 'off'}")
+                 f"{'on' if settings.reasons_with_tools else 'off'}")
     return (f"{settings.openai_base_url} (provider {settings.provider_name}); models "
             f"opus={settings.model_for_tier('big')} sonnet={settings.model_for_tier('middle')} "
             f"haiku={settings.model_for_tier('small')}; reasoning: {reasoning}")

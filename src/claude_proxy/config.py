@@ -57,6 +57,7 @@ class ProviderProfile:
     passback: Passback
     chat_prefixes: tuple[str, ...] = ()
     model_prefixes: tuple[str, ...] = ()
+    reasoning_with_tools: bool = False
 
 
 PROFILES: dict[str, ProviderProfile] = {
@@ -79,9 +80,9 @@ PROFILES: dict[str, ProviderProfile] = {
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
                               "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
     "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
-                             "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
+                             "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
     "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
-                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS),
+                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
 }
 
 DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2")
@@ -144,10 +145,11 @@ class ProviderSettings(BaseModel):
     reasoning_verbosity: Literal["low", "medium", "high"] | None = None
     reasoning_chat_max_output_tokens: int | None = Field(default=None, ge=1)
     reasoning_dialect: Dialect | None = None
-    reasoning_with_tools: bool = False
+    reasoning_with_tools: bool | None = None
     reasoning_passback: Passback | None = None
     think_tag_prefixes: PrefixList = None
     buffer_stream_model_prefixes: PrefixList = None
+    responses_api: bool = True
 
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
@@ -240,6 +242,14 @@ class ProviderSettings(BaseModel):
         if self.reasoning_model_prefixes is None:
             return self.profile.model_prefixes
         return tuple(self.reasoning_model_prefixes)
+
+    @property
+    def reasons_with_tools(self) -> bool:
+        """REASONING_WITH_TOOLS, else the profile's default (OpenAI's reasoning models think
+        while calling tools; older DeepSeek cannot)."""
+        if self.reasoning_with_tools is None:
+            return self.profile.reasoning_with_tools
+        return self.reasoning_with_tools
 
     @property
     def think_tag_models(self) -> tuple[str, ...]:

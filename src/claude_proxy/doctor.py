@@ -3,7 +3,9 @@
 For each configured upstream model it sends a tiny request without reasoning (reachable, key
 accepted, model known), one with the configured reasoning fields (which field carries the
 reasoning text, if any), and one with a tool (Claude Code always sends tools). Requests go
-through the proxy's own conversion, so they are exactly what the proxy would send.
+through the proxy's own conversion, so they are exactly what the proxy would send. Models that
+go to the Responses API are asked there, and the report says whether reasoning summaries came
+back (or were refused) and whether encrypted reasoning did.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from claude_proxy.config import ProviderSettings, SearchSettings
+from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.router import Router
 from claude_proxy.upstream import OpenAIClient
+from claude_proxy.upstreams import responses
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
@@ -67,6 +71,8 @@ def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
 
 
 async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str) -> list[Check]:
+    if responses.uses_responses(model, settings):
+        return await check_responses_model(client, settings, model)
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
     try:
         await client.complete(plain.body)
@@ -136,6 +142,71 @@ async def check_search_backend(settings: SearchSettings) -> Check:
     return Check("search", True, f"answered with {len(hits)} result{'s' * (len(hits) != 1)}")
 
 
+async def check_responses_model(client: OpenAIClient, settings: ProviderSettings,
+                                model: str) -> list[Check]:
+    """A /responses model: reachable, then summaries and encrypted reasoning, then tools."""
+    plain = responses.convert_request(anthropic_request(model, thinking={"type": "disabled"}),
+                                      settings, model=model)
+    try:
+        await client.respond(plain.body)
+    except ProxyError as error:
+        return [describe_failure(error)]
+    checks = [Check("reachable", True, "Responses API"), Check("auth", True),
+              Check("model exists", True)]
+    checks.extend(await check_responses_reasoning(client, settings, model))
+    request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
+                                messages=[{"role": "user", "content":
+                                           "What time is it? Use the get_time tool."}])
+    try:
+        answer = await client.respond(responses.convert_request(request, settings,
+                                                                model=model).body)
+    except ProxyError as error:
+        checks.append(Check("tools", False, f"rejected ({error.status}: {error.message})"))
+        return checks
+    called = any(item.get("type") == "function_call" for item in answer.get("output") or [])
+    checks.append(Check("tools", True, "accepted; the model called get_time" if called
+                        else "accepted (the model answered without calling the tool)"))
+    return checks
+
+
+async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSettings,
+                                    model: str) -> list[Check]:
+    """Ask with summaries; a 400 refusing them (an unverified organisation) is reported and
+    the question asked again without, as the proxy itself would."""
+    request = anthropic_request(model, thinking={"type": "adaptive"}, max_tokens=2048,
+                                messages=[{"role": "user", "content": "What is 17 * 23?"}])
+    body = responses.convert_request(request, settings, model=model).body
+    summaries = Check("summaries", True, "")
+    try:
+        answer = await client.respond(body)
+    except ProxyError as error:
+        if error.status != 400 or not responses.refused_summary(error.message):
+            return [Check("reasoning", False, f"refused ({error.status}: {error.message})",
+                          required=False)]
+        summaries = Check("summaries", False, f"refused ({error.message}); the proxy sends "
+                          "none for this model, thinking blocks stay empty", required=False)
+        body = responses.convert_request(request, settings, model=model,
+                                         without_summary=True).body
+        try:
+            answer = await client.respond(body)
+        except ProxyError as retry_error:
+            return [summaries, Check("encrypted", False, f"{retry_error.status}: "
+                                     f"{retry_error.message}", required=False)]
+    parser = responses.ResponsesParser()
+    deltas = [d for event in responses.response_events(answer) for d in parser.parse(event)]
+    text = sum(len(d.text) for d in deltas if isinstance(d, ReasoningText))
+    opaque = [d.item for d in deltas if isinstance(d, OpaqueReasoning)
+              and d.item.get("type") == "reasoning"]
+    if summaries.ok:
+        summaries = Check("summaries", bool(text), f"{text} chars of reasoning summary" if text
+                          else "no summary came back", required=False)
+    size = sum(len(str(item.get("encrypted_content", ""))) for item in opaque)
+    encrypted = Check("encrypted", bool(opaque), f"{len(opaque)} reasoning item(s), {size} chars"
+                      " (carried back in the thinking signature)" if opaque
+                      else "no encrypted reasoning came back", required=False)
+    return [summaries, encrypted]
+
+
 def configured_models(settings: ProviderSettings,
                       routed: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """The provider's models, each with the tiers and routes that use it."""
@@ -155,7 +226,7 @@ async def diagnose_provider(name: str, settings: ProviderSettings,
              f"    {'configuration':<14} {'ok':<5} key "
              f"{'set' if settings.upstream_secrets() else 'unset'}"
              f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
-             f"{'on' if settings.reasoning_with_tools else 'off'}"]
+             f"{'on' if settings.reasons_with_tools else 'off'}"]
     client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
     works: dict[str, bool] = {}
     try:

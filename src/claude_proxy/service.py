@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from claude_proxy.access import RequestRecord, current_record, record_usage
 from claude_proxy.capabilities import (
     REASONING,
+    SUMMARY,
     drop_refused,
     names_added_field,
     refused_optional_fields,
 )
 from claude_proxy.conversion.caching import session_cache_key
+from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
     collect_message,
     convert_chunks,
 )
-from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
 from claude_proxy.routing.config import ProxyConfig
@@ -37,6 +40,7 @@ from claude_proxy.routing.router import Candidate, Router
 from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
+from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
@@ -129,24 +133,60 @@ class MessagesService:
         if not signature:
             return True
         return isinstance(signature, str) and self.signer.verify(
-            str(block.get("thinking", "")), signature)
+            str(block.get("thinking", "")), signature) is not None
+
+    def origin(self, provider: Provider, model: str) -> Origin:
+        """Who answers: the provider, the upstream model and a fingerprint of the key. Thinking
+        blocks carry it; their opaque reasoning goes back only to that same origin."""
+        key = provider.settings.openai_api_key.get_secret_value()
+        return Origin(provider.name, model, self.signer.key_fingerprint(key))
+
+    def opaque_for(self, origin: Origin) -> OpaqueFor:
+        """A block's opaque reasoning items if its envelope verifies and names `origin`;
+        none for a tampered, foreign or plain block."""
+        def opaque(block: dict[str, Any]) -> list[dict[str, Any]]:
+            signature = block.get("signature")
+            if not isinstance(signature, str) or not signature:
+                return []
+            envelope = self.signer.verify(str(block.get("thinking", "")), signature)
+            if envelope is None or envelope.origin != origin:
+                return []
+            return envelope.opaque
+        return opaque
 
     def convert(self, provider: Provider, model: str, body: dict[str, Any],
                 cache_key: str | None = None) -> UpstreamRequest:
-        """The upstream request, minus whatever this model is known to refuse."""
+        """The upstream request, minus whatever this model is known to refuse. The one place
+        that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
+        the provider sets RESPONSES_API=false), /chat/completions for the rest."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
         refusals = provider.refusals
-        upstream = convert_request(body, provider.settings, model=model, is_ours=self.is_ours,
-                                   without_reasoning=refusals.refuses(model, REASONING),
-                                   cache_key=cache_key)
+        opaque_for = self.opaque_for(self.origin(provider, model))
+        if responses.uses_responses(model, provider.settings):
+            upstream = responses.convert_request(
+                body, provider.settings, model=model, opaque_for=opaque_for,
+                without_reasoning=refusals.refuses(model, REASONING),
+                without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
+        else:
+            upstream = convert_request(body, provider.settings, model=model,
+                                       is_ours=self.is_ours, opaque_for=opaque_for,
+                                       without_reasoning=refusals.refuses(model, REASONING),
+                                       cache_key=cache_key)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
-        logger.debug("upstream request model=%s extra_json: %s", model, upstream.extras)
+        logger.debug("upstream request model=%s%s extra_json: %s", model,
+                     " api=responses" if upstream.api == "responses" else "", upstream.extras)
         return upstream
 
-    def converter(self, body: dict[str, Any], upstream: UpstreamRequest) -> StreamConverter:
+    def converter(self, body: dict[str, Any], attempt: Attempt) -> StreamConverter:
+        """The event converter for the answer of the attempt that succeeded: that API's
+        parser, and signatures naming that provider and model."""
+        upstream = attempt.upstream
+        origin = self.origin(attempt.provider, attempt.candidate.model)
+        parser = responses.ResponsesParser() if upstream.api == "responses" else None
         return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
-                               sign=self.signer.sign, think_tags=upstream.think_tags,
-                               show_inline_thinking=upstream.thinking)
+                               sign=partial(self.signer.sign, origin=origin),
+                               think_tags=upstream.think_tags, leading_think_tags=True,
+                               show_inline_thinking=upstream.thinking, parser=parser)
 
     # ------------------------------------------------------------ routing and failover
 
@@ -254,7 +294,7 @@ class MessagesService:
             refused = self._refused_fields(error, upstream)
             if not refused:
                 raise
-            model = upstream.body["model"]
+            model = candidate.model
             what = (f"the reasoning fields {sorted(upstream.extras)}" if refused == [REASONING]
                     else ", ".join(refused))
             logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
@@ -271,6 +311,8 @@ class MessagesService:
         optional = refused_optional_fields(error.message, upstream.body)
         if optional:
             return optional
+        if upstream.api == "responses":
+            return responses.refused_fields(error.message, upstream.extras)
         if upstream.extras and names_added_field(error.message, upstream.extras):
             return [REASONING]
         return []
@@ -281,19 +323,27 @@ class MessagesService:
                           ) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+            if upstream.api == "responses":
+                return provider.client.open_response_stream(upstream.body)
             if upstream.buffered:
                 return provider.client.open_buffered_stream(upstream.body)
             return provider.client.open_stream(upstream.body)
 
         attempt, stream = await self._routed(body, send, session)
-        return self.converter(body, attempt.upstream), stream
+        return self.converter(body, attempt), stream
 
     async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
         """A whole Message, for non-streaming clients."""
-        attempt, completion = await self._routed(
-            body, lambda provider, upstream: provider.client.complete(upstream.body), session)
-        chunks = OpenAIClient._generate_buffered_stream_chunks(completion)
-        converter = self.converter(body, attempt.upstream)
+        def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
+            if upstream.api == "responses":
+                return provider.client.respond(upstream.body)
+            return provider.client.complete(upstream.body)
+
+        attempt, answer = await self._routed(body, send, session)
+        chunks: Iterator[dict[str, Any]] = (
+            responses.response_events(answer) if attempt.upstream.api == "responses"
+            else chat_completions.buffered_chunks(answer))
+        converter = self.converter(body, attempt)
         message = collect_message(convert_chunks(chunks, converter))
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, current_record())

@@ -1,9 +1,13 @@
-"""The only module that talks to the upstream: OpenAI-compatible `/chat/completions`.
+"""The only module that talks to the upstream: OpenAI-compatible `/chat/completions`, and
+`/responses` for OpenAI reasoning models.
 
 One pooled `httpx.AsyncClient` per process. Failures before the first byte are retried by
 `RetryPolicy` and end as a `ProxyError` carrying the upstream's status; the client then gets a
 real HTTP error instead of a 200 followed by a broken stream. A streaming request is only handed
 back once its first chunk has arrived, so an error announced in that chunk still has a status.
+Both APIs share the pool, the retries and this first-byte rule; what differs (which events
+only announce a response, where an error hides, how a whole JSON answer becomes a stream) is a
+`Wire`, defined next to each API's parser in `upstreams/`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import orjson
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from claude_proxy.config import ProviderSettings
-from claude_proxy.conversion.response_converter import _merge_reasoning_fields
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.retry import RetryPolicy
+from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
 
 logger = logging.getLogger("claude_proxy.upstream")
 
@@ -38,20 +43,27 @@ class UpstreamStream:
     already read. `complete` tells, at the end, whether the upstream said `[DONE]`."""
 
     def __init__(self, response: httpx.Response | None,
-                 batches: AsyncIterator[list[Chunk]] | None = None) -> None:
+                 batches: AsyncIterator[list[Chunk]] | None = None,
+                 wire: Wire = CHAT_WIRE) -> None:
         self._response = response
         self._batches = batches if batches is not None else self._read_sse()
         self._first: list[Chunk] = []
+        self._wire = wire
         self.complete = batches is not None  # a buffered answer is whole by construction
 
     async def prefetch(self) -> None:
-        """Read ahead to the first chunk (raising ProxyError if the stream fails before it)."""
+        """Read ahead to the first chunk that is more than a preamble (raising ProxyError if
+        the stream fails before it)."""
         async for batch in self._batches:
-            if batch:
-                self._first = batch
+            self._first.extend(batch)
+            if any(not self._wire.is_preamble(chunk) for chunk in batch):
                 break
-        if self._first and self._first[0].get("error"):
-            raise error_from_payload(self._first[0]["error"])
+        for chunk in self._first:
+            error = self._wire.error_of(chunk)
+            if error:
+                raise error_from_payload(error)
+            if not self._wire.is_preamble(chunk):
+                break
 
     async def __aiter__(self) -> AsyncIterator[list[Chunk]]:
         if self._first:
@@ -103,6 +115,7 @@ class OpenAIClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
         self.url = f"{settings.openai_base_url}/chat/completions"
+        self.responses_url = responses.endpoint(settings).url
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
@@ -134,8 +147,28 @@ class OpenAIClient:
 
     async def complete(self, body: dict[str, Any]) -> Chunk:
         """A non-streaming completion as the upstream's JSON body."""
+        return await self._complete(self.url, body, self._params)
+
+    async def open_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """A streaming completion, opened and read up to its first chunk."""
+        return await self._open_stream(self.url, body, self._params, CHAT_WIRE)
+
+    async def respond(self, body: dict[str, Any]) -> Chunk:
+        """A non-streaming `/responses` answer as its JSON body (a failed one raises)."""
+        answer = await self._complete(self.responses_url, body, {})
+        error = responses.WIRE.error_of(answer)
+        if error:
+            raise self._redacted(error_from_payload(error))
+        return answer
+
+    async def open_response_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """A streaming `/responses` answer, read up to its first event after
+        `response.created`/`in_progress` (so an early `response.failed` still has a status)."""
+        return await self._open_stream(self.responses_url, body, {}, responses.WIRE)
+
+    async def _complete(self, url: str, body: dict[str, Any], params: dict[str, str]) -> Chunk:
         async def attempt() -> Chunk:
-            response = await self._send(body, accept="application/json")
+            response = await self._send(url, body, params, accept="application/json")
             try:
                 content = await response.aread()
             except httpx.HTTPError as exc:
@@ -146,11 +179,11 @@ class OpenAIClient:
 
         return await self._with_retries(attempt)
 
-    async def open_stream(self, body: dict[str, Any]) -> UpstreamStream:
-        """A streaming completion, opened and read up to its first chunk."""
+    async def _open_stream(self, url: str, body: dict[str, Any], params: dict[str, str],
+                           wire: Wire) -> UpstreamStream:
         async def attempt() -> UpstreamStream:
-            response = await self._send(body, accept="text/event-stream")
-            stream = self._wrap(response)
+            response = await self._send(url, body, params, accept="text/event-stream")
+            stream = self._wrap(response, wire)
             try:
                 await stream.prefetch()
             except BaseException:
@@ -166,12 +199,13 @@ class OpenAIClient:
         completion = await self.complete(body)
         return UpstreamStream(None, _one_batch(self._generate_buffered_stream_chunks(completion)))
 
-    def _wrap(self, response: httpx.Response) -> UpstreamStream:
+    @staticmethod
+    def _wrap(response: httpx.Response, wire: Wire) -> UpstreamStream:
         content_type = response.headers.get("content-type", "")
         if "text/event-stream" in content_type:
-            return UpstreamStream(response)
+            return UpstreamStream(response, wire=wire)
         # The upstream ignored `stream` and answered with one JSON body.
-        return UpstreamStream(response, _buffered_batches(response))
+        return UpstreamStream(response, _buffered_batches(response, wire), wire=wire)
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` until it succeeds or the policy gives up; nothing has reached the
@@ -180,7 +214,7 @@ class OpenAIClient:
             try:
                 return await attempt()
             except ProxyError as error:
-                self._redact(error)
+                self._redacted(error)
                 if not self._policy.should_retry(number, error.status):
                     raise
                 delay = self._policy.delay(number, error.headers.get("retry-after"))
@@ -191,17 +225,19 @@ class OpenAIClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _redact(self, error: ProxyError) -> None:
+    def _redacted(self, error: ProxyError) -> ProxyError:
         """An upstream that echoes a key in its error message must not leak it to clients."""
         for secret in self._secrets:
             if len(secret) >= MIN_SECRET_LENGTH and secret in error.message:
                 error.message = error.message.replace(secret, "[REDACTED]")
+        return error
 
-    async def _send(self, body: dict[str, Any], *, accept: str) -> httpx.Response:
+    async def _send(self, url: str, body: dict[str, Any], params: dict[str, str], *,
+                    accept: str) -> httpx.Response:
         """One POST; a non-2xx answer or a network failure raises ProxyError."""
         headers = {**self._headers, "accept": accept}
-        request = self._client.build_request("POST", self.url, content=orjson.dumps(body),
-                                             headers=headers, params=self._params)
+        request = self._client.build_request("POST", url, content=orjson.dumps(body),
+                                             headers=headers, params=params)
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -212,30 +248,8 @@ class OpenAIClient:
 
     @staticmethod
     def _generate_buffered_stream_chunks(response: Chunk) -> Iterator[Chunk]:
-        """Cut one JSON completion into stream chunks: reasoning first (under
-        `reasoning_content`), then content, then tool calls, then finish reason and usage."""
-        choices = response.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else {}
-        message = choice.get("message") if isinstance(choice, dict) else None
-        message = message if isinstance(message, dict) else {}
-        reasoning = _merge_reasoning_fields(message)
-        if reasoning:
-            yield _chunk({"role": "assistant", "reasoning_content": reasoning})
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            yield _chunk({"content": content})
-        for index, call in enumerate(message.get("tool_calls") or []):
-            if isinstance(call, dict):
-                yield _chunk({"tool_calls": [{**call, "index": index}]})
-        finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-        final: Chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
-        if isinstance(response.get("usage"), dict):
-            final["usage"] = response["usage"]
-        yield final
-
-
-def _chunk(delta: Chunk) -> Chunk:
-    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        """Cut one JSON completion into stream chunks (see chat_completions.buffered_chunks)."""
+        return chat_completions.buffered_chunks(response)
 
 
 async def _read_error(response: httpx.Response) -> ProxyError:
@@ -274,12 +288,13 @@ async def _one_batch(chunks: Iterator[Chunk]) -> AsyncIterator[list[Chunk]]:
     yield list(chunks)
 
 
-async def _buffered_batches(response: httpx.Response) -> AsyncIterator[list[Chunk]]:
+async def _buffered_batches(response: httpx.Response,
+                            wire: Wire) -> AsyncIterator[list[Chunk]]:
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
         raise _transport_error(exc) from exc
-    yield list(OpenAIClient._generate_buffered_stream_chunks(_parse_json_body(content)))
+    yield list(wire.buffered(_parse_json_body(content)))
 
 
 def _parse_chunk(data: str) -> Chunk | None:

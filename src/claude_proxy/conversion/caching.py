@@ -168,14 +168,15 @@ def hoists_system_messages(settings: ProviderSettings, model: str) -> bool:
 
 
 def has_system_after_first(body: dict[str, Any]) -> bool:
-    return any(message.get("role") == "system" for message in body["messages"][1:])
+    # (A /responses body has `input`, not `messages`: nothing to refuse there.)
+    return any(message.get("role") == "system" for message in (body.get("messages") or [])[1:])
 
 
 def system_messages_as_user(body: dict[str, Any]) -> None:
     """Every `system` message after the first becomes a `user` message at the same place,
     its text wrapped in `<system-reminder>` (for templates that refuse a later system
     message). Never moved to the front: that would change every later prefix."""
-    for message in body["messages"][1:]:
+    for message in (body.get("messages") or [])[1:]:
         if message.get("role") == "system":
             message["role"] = "user"
             message["content"] = _as_reminder(message.get("content"))

@@ -15,6 +15,10 @@ from claude_proxy.conversion.messages import AssistantTurn
 
 logger = logging.getLogger("claude_proxy.conversion")
 
+OpaqueFor = Callable[[dict[str, Any]], list[dict[str, Any]]]
+"""A thinking block's opaque reasoning items, verified and produced by this very provider,
+model and key (anything else: none)."""
+
 _EFFORT_ALIASES = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high",
                    "max": "high", "minimal": "minimal"}
 _OLLAMA_EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}
@@ -64,7 +68,7 @@ def effective_reasoning(request: dict[str, Any], settings: ProviderSettings,
     """The client's intent, turned off for requests with tools unless REASONING_WITH_TOOLS
     (older models cannot call functions while thinking)."""
     wanted = requested_reasoning(request, settings)
-    if wanted.level is not None and has_tools and not settings.reasoning_with_tools:
+    if wanted.level is not None and has_tools and not settings.reasons_with_tools:
         logger.debug("thinking turned off: the request has tools "
                      "(set REASONING_WITH_TOOLS=true to keep it)")
         return ReasoningRequest(None)
@@ -131,3 +135,23 @@ def attach_passback(
         message = messages[position]
         if text or message.get("tool_calls"):
             message[field] = text
+
+
+def attach_opaque_details(
+    messages: list[dict[str, Any]],
+    turns: list[tuple[int, AssistantTurn]],
+    opaque_for: OpaqueFor,
+) -> bool:
+    """Put the opaque `reasoning_details` entries (OpenRouter: encrypted reasoning, Gemini
+    thought signatures, signed text) of each turn's thinking back on its message, whatever
+    REASONING_PASSBACK says: the upstream that produced them needs them (Gemini 3 refuses a
+    tool-call turn without its signature). Returns whether any went back."""
+    attached = False
+    for position, turn in turns:
+        entries = [entry for block in turn.thinking if block.get("type") == "thinking"
+                   for entry in opaque_for(block)
+                   if str(entry.get("type", "")).startswith("reasoning.")]
+        if entries:
+            messages[position]["reasoning_details"] = entries
+            attached = True
+    return attached

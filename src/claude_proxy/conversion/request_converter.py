@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
 from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
@@ -19,6 +19,8 @@ from claude_proxy.conversion.messages import (
     system_parts,
 )
 from claude_proxy.conversion.reasoning import (
+    OpaqueFor,
+    attach_opaque_details,
     attach_passback,
     dialect_parameters,
     effective_reasoning,
@@ -122,6 +124,8 @@ class UpstreamRequest:
     """Split `<think>` tags out of the content of this model's answer."""
     buffered: bool = False
     """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
+    api: Literal["chat", "responses"] = "chat"
+    """The upstream API the body is for: /chat/completions or /responses."""
 
 
 def convert_request(
@@ -130,6 +134,7 @@ def convert_request(
     *,
     model: str | None = None,
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
+    opaque_for: OpaqueFor = lambda block: [],
     without_reasoning: bool = False,
     cache_key: str | None = None,
 ) -> UpstreamRequest:
@@ -137,8 +142,10 @@ def convert_request(
 
     `model` is the upstream model the router chose (default: the tier mapping); `is_ours`
     tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
-    `without_reasoning` leaves every reasoning field out (a model known to refuse them);
-    `cache_key` is the session's prompt-cache key (`caching.session_cache_key`).
+    `opaque_for` gives a block's opaque reasoning that this provider, model and key produced
+    (it goes back as `reasoning_details`); `without_reasoning` leaves every reasoning field
+    out (a model known to refuse them); `cache_key` is the session's prompt-cache key
+    (`caching.session_cache_key`).
     """
     model = model or map_model(request["model"], settings)
     mode = cache_mode(settings, model)
@@ -167,6 +174,8 @@ def convert_request(
         attach_passback(messages, assistant_turns, passback, is_ours)
         if passback != "none" and any(passback in message for message in messages):
             result.extras[passback] = "<history>"
+        if attach_opaque_details(messages, assistant_turns, opaque_for):
+            result.extras["reasoning_details"] = "<history>"
     result.think_tags = matches_prefix(model, settings.think_tag_models)
     apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
     return result
@@ -234,15 +243,23 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
 
 
 def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: ProviderSettings) -> None:
+    body.update(chat_tool_fields(request, body["model"], settings))
+
+
+def chat_tool_fields(request: dict[str, Any], model: str,
+                     settings: ProviderSettings) -> dict[str, Any]:
+    """`tools`, `tool_choice` and `parallel_tool_calls` in Chat Completions' form (disabled
+    tool groups removed); nothing when no tool is left."""
     loaded = referenced_tool_names(request["messages"])
-    tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), body["model"],
+    tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), model,
                                      settings)
     if not tools:
-        return
-    body["tools"] = tools
+        return {}
+    fields: dict[str, Any] = {"tools": tools}
     available = {tool["function"]["name"] for tool in tools}
     choice, parallel = convert_tool_choice(request.get("tool_choice"), available)
     if choice is not None:
-        body["tool_choice"] = choice
+        fields["tool_choice"] = choice
     if parallel is not None:
-        body["parallel_tool_calls"] = parallel
+        fields["parallel_tool_calls"] = parallel
+    return fields

@@ -20,21 +20,17 @@ import secrets
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.websearch.backends import Hit
 
 Event = dict[str, Any]
 Block = dict[str, Any]
 
 _ALPHABET = string.ascii_letters + string.digits
-
-
-class Signer(Protocol):
-    def sign(self, text: str) -> str: ...
-    def verify(self, text: str, signature: str) -> bool: ...
 
 
 def new_server_tool_id() -> str:
@@ -64,13 +60,13 @@ def _signed_text(url: str, snippet: str) -> str:
     return f"web_search\n{url}\n{snippet}"
 
 
-def encode_token(hit: Hit, signer: Signer) -> str:
+def encode_token(hit: Hit, signer: ThinkingSigner) -> str:
     payload = {"v": 1, "u": hit.url, "s": hit.snippet,
                "g": signer.sign(_signed_text(hit.url, hit.snippet))}
     return _b64(orjson.dumps(payload))
 
 
-def decode_token(token: Any, url: Any, signer: Signer) -> str | None:
+def decode_token(token: Any, url: Any, signer: ThinkingSigner) -> str | None:
     """The snippet inside one of our tokens for this URL; None for anything else."""
     if not isinstance(token, str) or not token or not isinstance(url, str):
         return None
@@ -83,13 +79,13 @@ def decode_token(token: Any, url: Any, signer: Signer) -> str | None:
     snippet, signature = payload.get("s"), payload.get("g")
     if not isinstance(snippet, str) or not isinstance(signature, str):
         return None
-    return snippet if signer.verify(_signed_text(url, snippet), signature) else None
+    return snippet if signer.verify(_signed_text(url, snippet), signature) is not None else None
 
 
 # ---------------------------------------------------------------- whole blocks
 
 
-def result_content(search: Search, signer: Signer) -> list[dict[str, Any]] | dict[str, Any]:
+def result_content(search: Search, signer: ThinkingSigner) -> list[dict[str, Any]] | dict[str, Any]:
     if search.error is not None:
         return {"type": "web_search_tool_result_error", "error_code": search.error}
     return [{"type": "web_search_result", "url": hit.url, "title": hit.title,
@@ -97,7 +93,7 @@ def result_content(search: Search, signer: Signer) -> list[dict[str, Any]] | dic
             for hit in search.hits]
 
 
-def search_blocks(search: Search, signer: Signer) -> list[Block]:
+def search_blocks(search: Search, signer: ThinkingSigner) -> list[Block]:
     """The `server_tool_use` / `web_search_tool_result` pair of one search."""
     return [
         {"type": "server_tool_use", "id": search.id, "name": "web_search",
@@ -202,7 +198,7 @@ def message(message_id: str, model: str, content: list[Block], stop_reason: str,
 # ---------------------------------------------------------------- replay
 
 
-def replayed_result_text(block: Block, signer: Signer) -> str:
+def replayed_result_text(block: Block, signer: ThinkingSigner) -> str:
     """A `web_search_tool_result` from an earlier turn as text for the upstream: our own
     tokens give their snippets back, anything else only its URL and title."""
     content = block.get("content")
@@ -221,7 +217,7 @@ def replayed_result_text(block: Block, signer: Signer) -> str:
     return "\n".join(lines)
 
 
-def replay_blocks(body: dict[str, Any], signer: Signer) -> dict[str, Any]:
+def replay_blocks(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any]:
     """The request with earlier turns' search blocks as text blocks (the body itself when
     there are none): `server_tool_use` → the query, `web_search_tool_result` → the results."""
     messages = body.get("messages")
@@ -239,7 +235,7 @@ def _has_search_block(message: Any) -> bool:
         for block in content)
 
 
-def _replay_message(message: Any, signer: Signer) -> Any:
+def _replay_message(message: Any, signer: ThinkingSigner) -> Any:
     if not _has_search_block(message):
         return message
     content: list[Any] = []

@@ -17,9 +17,11 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.routing.providers import Provider
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
-from claude_proxy.upstream import Chunk, OpenAIClient
+from claude_proxy.upstream import Chunk
+from claude_proxy.upstreams import chat_completions, responses
 
-NativeSwitch = Callable[[ProviderSettings, dict[str, Any]], dict[str, Any] | None]
+NativeSwitch = Callable[[ProviderSettings, str, dict[str, Any]], dict[str, Any] | None]
+"""(provider settings, upstream API, converted body) → the fields that make it search."""
 
 
 class ServiceCaller:
@@ -40,19 +42,21 @@ class ServiceCaller:
     async def create_native(self, body: dict[str, Any],
                             switch: NativeSwitch) -> tuple[Chunk, dict[str, Any]]:
         """One non-streamed call with the answering provider's search switch (the fields
-        `switch` gives for its settings and converted body; None: it has none): the raw
-        completion (its sources) and the Anthropic Message."""
+        `switch` gives for its settings, API and converted body; None: it has none): the raw
+        answer (its sources) and the Anthropic Message."""
         async def send(provider: Provider, upstream: UpstreamRequest) -> Chunk:
             raw = {k: v for k, v in upstream.body.items()
                    if k not in ("stream", "stream_options")}
-            fields = switch(provider.settings, raw)
+            fields = switch(provider.settings, upstream.api, raw)
             if fields is None:
                 raise ProxyError(501, f"provider {provider.name} has no native web search")
+            if upstream.api == "responses":
+                return await provider.client.respond({**raw, **fields})
             return await provider.client.complete({**raw, **fields})
 
         service = self.service
-        attempt, completion = await service._routed(body, send, None)
-        chunks = OpenAIClient._generate_buffered_stream_chunks(completion)
-        message = collect_message(convert_chunks(chunks, service.converter(body,
-                                                                           attempt.upstream)))
-        return completion, message
+        attempt, answer = await service._routed(body, send, None)
+        chunks = (responses.response_events(answer) if attempt.upstream.api == "responses"
+                  else chat_completions.buffered_chunks(answer))
+        message = collect_message(convert_chunks(chunks, service.converter(body, attempt)))
+        return answer, message

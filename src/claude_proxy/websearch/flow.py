@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from claude_proxy.access import current_record, record_usage
 from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.ids import new_message_id
+from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.sse import encode_event, encode_events
@@ -39,7 +40,6 @@ from claude_proxy.websearch.backends import (
 from claude_proxy.websearch.blocks import (
     Block,
     Search,
-    Signer,
     block_events,
     digest,
     message,
@@ -196,7 +196,7 @@ class ModelCaller(Protocol):
     async def create(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
     async def create_native(self, body: dict[str, Any], switch: Callable[
-            [ProviderSettings, dict[str, Any]], dict[str, Any] | None],
+            [ProviderSettings, str, dict[str, Any]], dict[str, Any] | None],
             ) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
 
@@ -222,7 +222,7 @@ class Reply:
 
 class SearchFlow:
     def __init__(self, settings: SearchSettings, backend: SearchBackend | None, caller: ModelCaller,
-                 signer: Signer, metrics: Metrics) -> None:
+                 signer: ThinkingSigner, metrics: Metrics) -> None:
         self.settings = settings
         self.backend = backend
         self.caller = caller
@@ -415,11 +415,6 @@ class SearchFlow:
     async def _native(self, plan: Plan, reply: Reply) -> bool:
         """The provider's own search; False when it has none or it failed (then the
         backend, if any, runs instead)."""
-        kind = native_kind(plan.provider)
-        if kind is None:
-            logger.warning("WEB_SEARCH=native but provider %s has no native search the proxy "
-                           "can read; using the backend", plan.provider.provider_name)
-            return False
         text = plan.side_query if plan.side_query is not None else last_user_text(plan.body)
         query = plan.query(text[:MAX_QUERY_CHARS], self.settings.web_search_max_results)
         started = time.perf_counter()
@@ -427,9 +422,11 @@ class SearchFlow:
         try:
             completion, answer = await self.caller.create_native(
                 upstream_body(plan, [], first=True, function=False),
-                lambda provider, body: native_switch(native_kind(provider), query, body))
+                lambda provider, api, body: native_switch(native_kind(provider, api), query,
+                                                          body))
         except ProxyError as error:
-            logger.warning("native web search on %s failed (%s); falling back to %s", source,
+            logger.warning("native web search on %s failed or is not available (%s); "
+                           "falling back to %s", source,
                            error.message, self.backend.name if self.backend else "unavailable")
             self.metrics.web_searches.labels(source, "unavailable").inc()
             return False

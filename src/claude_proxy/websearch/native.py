@@ -6,10 +6,11 @@
 | glm        | tool `web_search` with `search_result: true`   | top-level `web_search[]`       |
 | perplexity | none (Sonar searches); `search_domain_filter`  | `search_results[]`/`citations` |
 | openai     | `web_search_options` (the search models)       | `message.annotations[]`        |
+| /responses | tool `web_search` (OpenAI, Azure: any model    | `url_citation` annotations,    |
+|            | the proxy sends to the Responses API)          | `web_search_call` sources      |
 
-OpenAI/Azure reasoning models search through the Responses API, which the proxy does not
-speak yet; those providers (and Kimi, DeepSeek, DashScope, vLLM, Ollama, whose chat APIs return
-no sources) fall back to the backend.
+Kimi, DeepSeek, DashScope, vLLM and Ollama return no sources from their chat APIs: they, and
+Azure chat models, fall back to the backend.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from claude_proxy.config import ProviderSettings
 from claude_proxy.websearch.backends import SNIPPET_CHARS, Hit, Query
 
 
-def native_kind(settings: ProviderSettings) -> str | None:
-    """Which native search this provider has, if any."""
+def native_kind(settings: ProviderSettings, api: str = "chat") -> str | None:
+    """Which native search this provider has on this upstream API, if any."""
+    if api == "responses":
+        return "responses"
     if "perplexity" in settings.openai_base_url.lower():
         return "perplexity"
     name = settings.provider_name
@@ -39,6 +42,12 @@ def native_switch(kind: str | None, query: Query,
     if kind is None:
         return None
     tools = list(body.get("tools") or [])
+    if kind == "responses":
+        tool: dict[str, Any] = {"type": "web_search"}
+        if query.allowed_domains:
+            tool["filters"] = {"allowed_domains": list(query.allowed_domains)}
+        return {"tools": [*tools, tool],
+                "include": [*(body.get("include") or []), "web_search_call.action.sources"]}
     if kind == "openrouter":
         parameters: dict[str, Any] = {"max_results": query.max_results}
         if query.allowed_domains:
@@ -68,6 +77,25 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+def _responses_hits(response: dict[str, Any]) -> list[Hit]:
+    """A /responses answer's sources: the cited ones (with titles) first, then the other
+    sources its `web_search_call` items read."""
+    cited: list[Hit] = []
+    read: list[Hit] = []
+    for item in _dicts(response.get("output")):
+        if item.get("type") == "message":
+            for part in _dicts(item.get("content")):
+                cited.extend(Hit(_text(a.get("url")), _text(a.get("title")))
+                             for a in _dicts(part.get("annotations"))
+                             if a.get("type") == "url_citation")
+        elif item.get("type") == "web_search_call":
+            action = item.get("action")
+            sources = action.get("sources") if isinstance(action, dict) else None
+            read.extend(Hit(_text(s.get("url")), _text(s.get("title")) or _text(s.get("url")))
+                        for s in _dicts(sources))
+    return cited + read
+
+
 def native_hits(completion: dict[str, Any]) -> list[Hit]:
     """The sources of a native-search answer, in order, each URL once."""
     hits: list[Hit] = []
@@ -88,6 +116,7 @@ def native_hits(completion: dict[str, Any]) -> list[Hit]:
         for url in completion.get("citations") or []:
             if isinstance(url, str):
                 hits.append(Hit(url.strip(), url.strip()))
+    hits.extend(_responses_hits(completion))
     unique: dict[str, Hit] = {}
     for hit in hits:
         if hit.url and hit.url not in unique:

@@ -1,0 +1,364 @@
+"""Internal deltas → Anthropic stream events: the one block state machine of a response.
+
+It owns the block indices. Blocks are strictly sequential (each closed before the next opens,
+indexed 0..n-1) and carry their content only through deltas, which is what Claude Code's own
+accumulator insists on. It knows nothing of the upstream's wire format: the parsers in
+`upstreams/` feed it `conversion.deltas`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from claude_proxy.conversion.deltas import (
+    Delta,
+    Finish,
+    OpaqueReasoning,
+    ReasoningText,
+    Text,
+    ToolCall,
+    UpstreamFailure,
+    Usage,
+)
+from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
+from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, reasoning_tokens
+from claude_proxy.errors import ProxyError, error_from_payload
+
+logger = logging.getLogger("claude_proxy.conversion")
+
+Event = dict[str, Any]
+
+
+class Sign(Protocol):
+    """Signs a thinking block: its text and the opaque state it carries (see signatures.py)."""
+
+    def __call__(self, thinking: str, opaque: list[dict[str, Any]] = ..., /) -> str: ...
+
+
+def _block_start(index: int, block: dict[str, Any]) -> Event:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> Event:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def _block_stop(index: int) -> Event:
+    return {"type": "content_block_stop", "index": index}
+
+
+class _ReasoningBlockState:
+    """One thinking block: start, thinking_deltas, then one signature_delta and the stop.
+
+    The signature covers the whole text and the opaque reasoning the upstream wants back, so a
+    later request can prove the block is ours and restore that state. It is sent once, whole:
+    Claude Code replaces (does not append) a signature on each signature_delta.
+    """
+
+    kind = "thinking"
+
+    def __init__(self, index: int, sign: Sign) -> None:
+        self.index = index
+        self._sign = sign
+        self._pieces: list[str] = []
+        self.opaque: list[dict[str, Any]] = []
+
+    def start(self) -> Event:
+        return _block_start(self.index, {"type": "thinking", "thinking": "", "signature": ""})
+
+    def add(self, text: str) -> Event:
+        self._pieces.append(text)
+        return _block_delta(self.index, {"type": "thinking_delta", "thinking": text})
+
+    def close(self) -> list[Event]:
+        signature = self._sign("".join(self._pieces), self.opaque)
+        return [
+            _block_delta(self.index, {"type": "signature_delta", "signature": signature}),
+            _block_stop(self.index),
+        ]
+
+
+class _TextBlockState:
+    kind = "text"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def start(self) -> Event:
+        return _block_start(self.index, {"type": "text", "text": ""})
+
+    def add(self, text: str) -> Event:
+        return _block_delta(self.index, {"type": "text_delta", "text": text})
+
+    def close(self) -> list[Event]:
+        return [_block_stop(self.index)]
+
+
+@dataclass
+class _ToolCall:
+    """One upstream tool call, collected from its fragments."""
+
+    upstream_id: str
+    name: str
+    fragments: list[str] = field(default_factory=list)
+    sent: int = 0
+    anthropic_id: str = ""
+
+    def arguments(self) -> str:
+        return "".join(self.fragments)
+
+    def is_complete(self) -> bool:
+        """Whether the arguments so far already form a JSON document."""
+        text = self.arguments().strip()
+        if not text:
+            return False
+        try:
+            orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return False
+        return True
+
+
+class _ToolBlockState:
+    kind = "tool"
+
+    def __init__(self, index: int, call: _ToolCall) -> None:
+        self.index = index
+        self.call = call
+
+    def start(self) -> Event:
+        call = self.call
+        call.anthropic_id = to_anthropic_id(call.upstream_id)
+        return _block_start(
+            self.index,
+            {"type": "tool_use", "id": call.anthropic_id, "name": call.name, "input": {}},
+        )
+
+    def pending_deltas(self) -> list[Event]:
+        call = self.call
+        fresh = call.fragments[call.sent:]
+        call.sent = len(call.fragments)
+        return [_block_delta(self.index, {"type": "input_json_delta", "partial_json": piece})
+                for piece in fresh if piece]
+
+    def close(self) -> list[Event]:
+        events = self.pending_deltas()
+        if not self.call.arguments().strip():
+            # No arguments at all: say so explicitly, as clients parse only the deltas.
+            events.append(_block_delta(self.index,
+                                       {"type": "input_json_delta", "partial_json": "{}"}))
+        events.append(_block_stop(self.index))
+        return events
+
+
+_Block = _ReasoningBlockState | _TextBlockState | _ToolBlockState
+
+
+class BlockMachine:
+    """Deltas in, Anthropic events out, for one response."""
+
+    def __init__(self, model: str, *, input_tokens: int, sign: Sign,
+                 message_id: str | None = None) -> None:
+        self.model = model
+        self.message_id = message_id or new_message_id()
+        self._input_estimate = input_tokens
+        self._sign = sign
+        self._next_index = 0
+        self._open: _Block | None = None
+        self._held_whitespace = ""
+        self._calls: dict[int, _ToolCall] = {}
+        self._queued: list[_ToolCall] = []
+        self._tool_blocks = 0
+        self._stop_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._streamed_chars = 0
+
+    # ------------------------------------------------------------ public API
+
+    def start(self) -> list[Event]:
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self._input_estimate,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return [{"type": "message_start", "message": message}]
+
+    def apply(self, deltas: Iterable[Delta]) -> list[Event]:
+        """The events for some deltas. An UpstreamFailure raises ProxyError (the events of
+        the deltas before it are lost to the caller; parsers put failures first)."""
+        events: list[Event] = []
+        for delta in deltas:
+            self._apply(delta, events)
+        return events
+
+    def finish(self) -> list[Event]:
+        """Close everything and end the message: message_delta, then message_stop."""
+        events = self._close_all()
+        if self._next_index == 0 and self._held_whitespace:
+            # A whitespace-only answer is still the answer.
+            self._open_text(self._held_whitespace, events)
+            events.extend(self._close_open())
+        delta = {"stop_reason": self.stop_reason(), "stop_sequence": None}
+        events.append({"type": "message_delta", "delta": delta, "usage": self.usage()})
+        events.append({"type": "message_stop"})
+        return events
+
+    def fail(self, error: ProxyError) -> list[Event]:
+        """Close every open block, then one `error` event (the stream then ends)."""
+        events = self._close_all()
+        events.append(error.body())
+        return events
+
+    def stop_reason(self) -> str:
+        if self._tool_blocks:
+            return "tool_use"
+        reason = self._stop_reason or "end_turn"
+        return "end_turn" if reason == "tool_use" else reason
+
+    @property
+    def saw_finish_reason(self) -> bool:
+        return self._stop_reason is not None
+
+    def reasoning_tokens(self) -> int:
+        return reasoning_tokens(self._usage) if self._usage is not None else 0
+
+    def usage(self) -> dict[str, int]:
+        if self._usage is not None:
+            return anthropic_usage(self._usage)
+        return {
+            "input_tokens": self._input_estimate,
+            "output_tokens": estimate_tokens(self._streamed_chars),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+
+    # ------------------------------------------------------------ deltas
+
+    def _apply(self, delta: Delta, events: list[Event]) -> None:
+        if isinstance(delta, ReasoningText):
+            self._streamed_chars += len(delta.text)
+            if delta.visible:
+                self._add_thinking(delta.text, events)
+            else:
+                logger.debug("removed %d characters of inline thinking", len(delta.text))
+        elif isinstance(delta, Text):
+            self._add_text(delta.text, events)
+        elif isinstance(delta, ToolCall):
+            self._add_tool_piece(delta, events)
+        elif isinstance(delta, OpaqueReasoning):
+            self._thinking_block(events).opaque.append(delta.item)
+        elif isinstance(delta, Usage):
+            self._usage = delta.usage
+        elif isinstance(delta, Finish):
+            self._stop_reason = delta.stop_reason
+        elif isinstance(delta, UpstreamFailure):
+            raise error_from_payload(delta.error)
+
+    def _thinking_block(self, events: list[Event]) -> _ReasoningBlockState:
+        """The open thinking block, or a new one (reasoning resuming after text or a tool
+        call starts a new block: interleaved thinking)."""
+        if not isinstance(self._open, _ReasoningBlockState):
+            self._held_whitespace = ""
+            events.extend(self._close_open())
+            self._open = _ReasoningBlockState(self._take_index(), self._sign)
+            events.append(self._open.start())
+        return self._open
+
+    def _add_thinking(self, text: str, events: list[Event]) -> None:
+        events.append(self._thinking_block(events).add(text))
+
+    def _add_text(self, text: str, events: list[Event]) -> None:
+        """Text deltas; whitespace that would open a block alone is held until text follows,
+        so runs such as the blank between two tool calls never become empty-looking blocks."""
+        self._streamed_chars += len(text)
+        if isinstance(self._open, _TextBlockState):
+            events.append(self._open.add(text))
+            return
+        text = self._held_whitespace + text
+        if text.isspace():
+            self._held_whitespace = text
+            return
+        self._held_whitespace = ""
+        self._open_text(text, events)
+
+    def _open_text(self, text: str, events: list[Event]) -> None:
+        events.extend(self._close_open())
+        self._open = _TextBlockState(self._take_index())
+        events.append(self._open.start())
+        events.append(self._open.add(text))
+
+    def _add_tool_piece(self, piece: ToolCall, events: list[Event]) -> None:
+        call = self._calls.get(piece.key)
+        if call is None:
+            call = _ToolCall(upstream_id=piece.id, name="")
+            self._calls[piece.key] = call
+            self._queued.append(call)
+        elif piece.id and not call.upstream_id:
+            call.upstream_id = piece.id
+        if piece.name and not call.name:
+            call.name = piece.name
+        if piece.arguments:
+            call.fragments.append(piece.arguments)
+            self._streamed_chars += len(piece.arguments)
+        self._pump_tools(events)
+
+    def _pump_tools(self, events: list[Event]) -> None:
+        """Stream the open tool call; move on to the next queued call once the open one's
+        arguments are a complete JSON document (calls may arrive interleaved)."""
+        while True:
+            if isinstance(self._open, _ToolBlockState):
+                events.extend(self._open.pending_deltas())
+                if not (self._queued and self._queued[0].name and self._open.call.is_complete()):
+                    return
+                events.extend(self._close_open())
+            if not self._queued or not self._queued[0].name:
+                return
+            self._open_next_tool(events)
+
+    def _open_next_tool(self, events: list[Event]) -> None:
+        call = self._queued.pop(0)
+        self._held_whitespace = ""
+        events.extend(self._close_open())
+        self._open = _ToolBlockState(self._take_index(), call)
+        self._tool_blocks += 1
+        events.append(self._open.start())
+
+    # ------------------------------------------------------------ blocks
+
+    def _take_index(self) -> int:
+        index = self._next_index
+        self._next_index += 1
+        return index
+
+    def _close_open(self) -> list[Event]:
+        if self._open is None:
+            return []
+        events = self._open.close()
+        self._open = None
+        return events
+
+    def _close_all(self) -> list[Event]:
+        events = self._close_open()
+        for call in list(self._queued):
+            if not call.name:
+                logger.warning("upstream tool call without a name dropped")
+                self._queued.remove(call)
+        while self._queued:
+            self._open_next_tool(events)
+            events.extend(self._close_open())
+        return events
