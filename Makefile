@@ -8,7 +8,10 @@ CLAUDE_CODE_DIR := .cache/claude-code
 CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 export CLAUDE_BIN
 
-.PHONY: run test test-container lint typecheck unit bench clean
+CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
+export CHROMIUM
+
+.PHONY: run test test-container lint typecheck unit bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +31,22 @@ $(CLAUDE_BIN):
 		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 	test -x $(CLAUDE_BIN)
 
+## browser: Debian's chromium for the dashboard's browser tests (driven by Playwright; its own
+## browser download is not used)
+browser:
+	@test -x "$(CHROMIUM)" || { echo "installing chromium (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			chromium fonts-dejavu-core >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
+			"the dashboard's browser tests will be skipped"; }
+
 ## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
 run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) browser lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-container: build the image with docker or podman, run it, check it from outside

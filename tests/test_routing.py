@@ -561,3 +561,21 @@ def test_detail_and_models_need_the_client_key_when_one_is_set(
     models = httpx.get(f"{proxy.url}/v1/models", headers={"x-api-key": CLIENT_KEY}).json()
     assert [m["id"] for m in models["data"]] == ["openai,big-upstream", "openai,middle-upstream",
                                                  "openai,small-upstream"]
+
+
+def test_an_error_names_the_provider_and_route_that_gave_it(
+        routed_proxy: Callable[..., ProxyServer], upstreams: dict[str, ScriptedUpstream],
+        caplog: pytest.LogCaptureFixture) -> None:
+    proxy = routed_proxy()
+    upstreams["alpha"].queue(error_reply(500, "a down"))
+    upstreams["beta"].queue(error_reply(400, "bad request for beta"))
+    response = post(proxy)
+    assert response.status_code == 400
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "claude_proxy.access"
+                and "/v1/messages" in r.getMessage()]
+
+    assert eventually(lines)
+    assert ("provider=beta route=fallback failover=alpha->beta "
+            "model=claude-sonnet-4-6->beta-fallback status=400") in lines()[0]

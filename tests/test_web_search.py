@@ -673,3 +673,17 @@ def test_native_without_a_native_search_uses_the_backend(
     assert [s.query for s in search_backend.requests] == [QUERY]
     assert len(upstream.requests) == 1  # only the summary call
     assert_clean_upstream(upstream.requests)
+
+
+def test_the_dashboard_inspector_lists_the_searches(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        search_backend: SearchBackendServer) -> None:
+    proxy = search_proxy(proxy_factory, search_backend)
+    upstream.queue(completion({"content": SUMMARY}))
+    response = httpx.post(f"{proxy.url}/v1/messages", json=side_query(), timeout=30)
+    view = httpx.get(f"{proxy.url}/ui/api/requests/{response.headers['request-id']}").json()
+    events = [event for _, event, _ in view["row"]["timeline"]]
+    assert "web search" in events
+    detail = next(d for _, e, d in view["row"]["timeline"] if e == "web search")
+    assert detail == f"searxng: ok, 4 hits, query {len(QUERY)} chars"
+    assert view["row"]["stop"] == "end_turn" and view["row"]["stream"] is True

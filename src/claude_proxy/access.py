@@ -2,6 +2,7 @@
 
 The id is returned as the `request-id` header, as Anthropic does. The service fills in what
 only it knows (models, tokens) on the request's record, found through a context variable.
+The dashboard (`ui/recorder.py`) observes the same record: nothing is measured twice.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import random
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +43,23 @@ class RequestRecord:
     first_byte: float | None = None
     tokens: dict[str, int] = field(default_factory=dict)
 
+    # What the dashboard's inspector shows. Everything is kept by reference, never copied,
+    # so recording costs one list append per client write while a response streams.
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)
+    """(perf_counter, event, detail): upstream sent, retry, failover, first upstream byte."""
+    client_body: dict[str, Any] | None = None
+    """The validated client request."""
+    upstream_body: dict[str, Any] | None = None
+    """The request as last sent upstream."""
+    added: dict[str, Any] = field(default_factory=dict)
+    """The reasoning fields the proxy added to the upstream request."""
+    events: list[list[dict[str, Any]]] = field(default_factory=list)
+    """The Anthropic events streamed to the client, one list per write."""
+    message: dict[str, Any] | None = None
+    """The whole answer of a non-streaming request."""
+    error_body: bytes | None = None
+    """The start of an error response's body (status >= 400)."""
+
     def line(self, finished: float) -> str:
         ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
         tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}" for kind in TOKEN_KINDS)
@@ -55,6 +73,19 @@ class RequestRecord:
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("claude_proxy_request", default=None)
+
+
+def mark(event: str, detail: str = "") -> None:
+    """A moment in the current request's life (the dashboard's timeline)."""
+    current_record().timeline.append((time.perf_counter(), event, detail))
+
+
+class RecordObserver(Protocol):
+    """Told when a request starts and when it has finished (the dashboard's recorder)."""
+
+    def started(self, record: RequestRecord) -> None: ...
+
+    def finished(self, record: RequestRecord, finished: float) -> None: ...
 
 
 def current_record() -> RequestRecord:
@@ -71,9 +102,11 @@ def new_request_id() -> str:
 class AccessLogMiddleware:
     """Pure ASGI, so streaming bodies pass straight through."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics,
+                 observer: RecordObserver | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.observer = observer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,6 +114,8 @@ class AccessLogMiddleware:
             return
         record = RequestRecord(new_request_id(), scope["method"], scope["path"])
         token = _current.set(record)
+        if self.observer is not None:
+            self.observer.started(record)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -88,6 +123,8 @@ class AccessLogMiddleware:
                 MutableHeaders(scope=message).append("request-id", record.request_id)
             elif record.first_byte is None and message.get("body"):
                 record.first_byte = time.perf_counter()
+                if record.status >= 400:
+                    record.error_body = bytes(message["body"][:4096])
             await send(message)
 
         try:
@@ -103,6 +140,8 @@ class AccessLogMiddleware:
             return
         logger.info(record.line(finished))
         self._observe(record, finished)
+        if self.observer is not None:
+            self.observer.finished(record, finished)
 
     def _observe(self, record: RequestRecord, finished: float) -> None:
         metrics = self.metrics

@@ -8,7 +8,6 @@ the network in `upstream.py`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +24,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.access import AccessLogMiddleware, current_record
+from claude_proxy.auth import key_matches, presented_keys
 from claude_proxy.config import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
@@ -37,6 +37,8 @@ from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.ui.recorder import Recorder, provider_health
+from claude_proxy.ui.routes import dashboard_router
 from claude_proxy.websearch.backends import SearchBackend
 from claude_proxy.websearch.caller import ServiceCaller
 from claude_proxy.websearch.flow import SearchFlow, is_search_request
@@ -61,14 +63,8 @@ def check_client_key(request: Request, settings: Settings) -> None:
     """When ANTHROPIC_API_KEY is set, `x-api-key` or `Authorization: Bearer` must match it."""
     if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
         return
-    expected = settings.anthropic_api_key.get_secret_value().encode()
-    presented = [request.headers.get("x-api-key", "")]
-    authorization = request.headers.get("authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        presented.append(authorization[7:].strip())
-    # Compare every candidate, so the time taken does not depend on which one matched.
-    matches = [hmac.compare_digest(value.encode(), expected) for value in presented]
-    if not any(matches):
+    expected = settings.anthropic_api_key.get_secret_value()
+    if not key_matches(presented_keys(request.headers), expected):
         raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
 
 
@@ -125,7 +121,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.add_middleware(AccessLogMiddleware, metrics=metrics)
+    recorder = dashboard_recorder(app, config)
+    app.state.recorder = recorder
+    app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder)
+    if recorder is not None:
+        app.include_router(dashboard_router(settings, recorder))
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -159,7 +159,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(model_entry(model_id, started))
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        if not settings.metrics_public:
+            check_client_key(request, settings)
         return Response(metrics.exposition(), media_type=metrics.content_type)
 
     @app.post("/v1/messages/count_tokens")
@@ -203,6 +205,19 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     if body.get("stream"):
         return EventSourceResponse(search.stream(plan, deadline), sep="\n")
     return json_response(await before_first_byte(request, search.create(plan), deadline))
+
+
+def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:
+    """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
+    if not config.settings.ui_enabled:
+        return None
+
+    def health() -> list[Any]:
+        service: MessagesService | None = getattr(app.state, "service", None)
+        return provider_health(service.providers) if service is not None else []
+
+    return Recorder(inspect=config.settings.inspect_requests, secrets=config.secrets(),
+                    health=health)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

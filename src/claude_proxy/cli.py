@@ -33,6 +33,7 @@ from claude_proxy.routing.config import (
     stray_provider_variables,
 )
 from claude_proxy.routing.router import Router
+from claude_proxy.ui.recorder import WORKERS_VARIABLE
 from claude_proxy.websearch.config import describe, with_search_table
 
 logger = logging.getLogger("claude_proxy")
@@ -130,7 +131,7 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''})")
     tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
-            f"web search: {describe(config)}")
+            f"{dashboard_note(settings, host, port, workers)}; web search: {describe(config)}")
     if config.source in ("environment", ZERO_CONFIGURATION):
         only = next(iter(config.providers.values()))
         found = f" ({config.source})" if config.source == ZERO_CONFIGURATION else ""
@@ -143,6 +144,15 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     fallback = ", ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
     return (f"{head}; {len(config.providers)} providers from {config.source}: {providers}; "
             f"routes: {routes}; fallback: {fallback}; {tail}")
+
+
+def dashboard_note(settings: Settings, host: str, port: int, workers: int) -> str:
+    """Where the dashboard is, and that with several workers each page shows one of them."""
+    if not settings.ui_enabled:
+        return "dashboard off (UI_ENABLED=false)"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    per_worker = f" (each page load shows one of the {workers} workers)" if workers > 1 else ""
+    return f"dashboard http://{shown}:{port}/ui{per_worker}"
 
 
 def provider_summary(settings: ProviderSettings) -> str:
@@ -190,6 +200,7 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
     port = args.port if args.port is not None else settings.port
     configure_logging(settings.log_level, settings.log_file, config.secrets())
     logger.info(startup_line(config, host, port, args.workers))
+    os.environ[WORKERS_VARIABLE] = str(args.workers)
     warn_about_stray_variables(config)
     options = {"host": host, "port": port, "log_config": None,
                "log_level": settings.log_level.lower(), "access_log": False}

@@ -338,6 +338,14 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     thinking_signature_secret: SecretStr | None = None
 
+    ui_enabled: bool = True
+    """The dashboard at /ui (ui/)."""
+    inspect_requests: int = Field(default=50, ge=0, le=10_000)
+    """How many of the last requests the dashboard keeps whole (bodies, thinking, answer);
+    0 keeps metadata only."""
+    metrics_public: bool = False
+    """Serve /metrics without the client key even when ANTHROPIC_API_KEY is set."""
+
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(

@@ -17,7 +17,7 @@ import anyio
 import orjson
 from starlette.requests import Request
 
-from claude_proxy.access import record_usage
+from claude_proxy.access import current_record, record_usage
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
@@ -118,18 +118,19 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     by the idle-read timeout (REQUEST_TIMEOUT) instead, so no timer runs per chunk.
     """
     loop = asyncio.get_running_loop()
+    sent = current_record().events  # for the dashboard: one append per write, nothing more
     pump = ChunkPump(stream)
     reader = asyncio.ensure_future(pump.run())
     metrics.active_streams.inc()
     try:
-        yield _frame(converter.start())
+        yield _frame(converter.start(), sent)
         while not pump.finished or pump.chunks:
             chunks = await pump.take()
             if loop.time() > deadline:
                 raise deadline_error()
             events, failure = _convert(converter, chunks)
             if events:
-                yield _frame(events)
+                yield _frame(events, sent)
             if failure is not None:
                 raise failure
         if pump.error is not None:
@@ -137,11 +138,11 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         if not stream.complete and not converter.saw_finish_reason:
             raise ProxyError(502, "upstream stream ended before the response was complete",
                              error_type="overloaded_error")
-        yield _frame(converter.finish())
+        yield _frame(converter.finish(), sent)
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
         metrics.count_upstream_error(transient(error).error_type)
-        yield _frame(converter.fail(transient(error)))
+        yield _frame(converter.fail(transient(error)), sent)
     finally:
         metrics.active_streams.dec()
         record_usage(converter.usage(), converter.reasoning_tokens())
@@ -165,7 +166,8 @@ def _convert(converter: StreamConverter,
     return events, None
 
 
-def _frame(events: list[dict[str, Any]]) -> bytes:
+def _frame(events: list[dict[str, Any]], sent: list[list[dict[str, Any]]]) -> bytes:
+    sent.append(events)
     if sse_logger.isEnabledFor(logging.DEBUG):
         for event in events:
             sse_logger.debug("SSE outbound: %s", orjson.dumps(event).decode())

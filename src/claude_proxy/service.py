@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
 
-from claude_proxy.access import RequestRecord, current_record, record_usage
+from claude_proxy.access import RequestRecord, current_record, mark, record_usage
 from claude_proxy.capabilities import (
     REASONING,
     SUMMARY,
@@ -173,6 +173,9 @@ class MessagesService:
                                        without_reasoning=refusals.refuses(model, REASONING),
                                        cache_key=cache_key)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+        record = current_record()  # for the dashboard's inspector (kept by reference)
+        record.client_body, record.upstream_body = body, upstream.body
+        record.added = upstream.extras
         logger.debug("upstream request model=%s%s extra_json: %s", model,
                      " api=responses" if upstream.api == "responses" else "", upstream.extras)
         return upstream
@@ -201,6 +204,7 @@ class MessagesService:
         cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
+            self._note_route(record, candidate, walk)  # an error is then the last one tried
             try:
                 attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
             except ProxyError as error:
@@ -211,7 +215,6 @@ class MessagesService:
                 provider.health.release()
             provider.health.record_success()
             self._count(candidate, "ok")
-            self._note_route(record, candidate, walk)
             return attempt, result
         raise self._all_failed(walk, estimate)
 
@@ -244,6 +247,7 @@ class MessagesService:
         if walk.queue:
             logger.warning("provider %s failed (%d %s); failing over to %s", provider.name,
                            error.status, error.error_type, walk.queue[0].provider)
+            mark("failover", f"{provider.name} -> {walk.queue[0].provider}")
 
     def _all_failed(self, walk: _Walk, estimate: int) -> ProxyError:
         """The client's error once every candidate failed: a lone candidate's own error (as
@@ -272,6 +276,7 @@ class MessagesService:
                           error_type="overloaded_error")
 
     def _note_route(self, record: RequestRecord, candidate: Candidate, walk: _Walk) -> None:
+        """The candidate being tried, and the providers that failed before it."""
         record.provider, record.route = candidate.provider, candidate.route
         record.upstream_model = candidate.model
         record.failover = [c.provider for c, _ in walk.failures]
@@ -289,7 +294,7 @@ class MessagesService:
         the model and send once more without. `cache_key`: the session's prompt-cache key."""
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
-            return Attempt(provider, candidate, upstream), await send(provider, upstream)
+            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
         except ProxyError as error:
             refused = self._refused_fields(error, upstream)
             if not refused:
@@ -302,7 +307,7 @@ class MessagesService:
             for field in refused:
                 provider.refusals.remember(model, field)
             upstream = self.convert(provider, candidate.model, body, cache_key)
-            return Attempt(provider, candidate, upstream), await send(provider, upstream)
+            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -345,6 +350,7 @@ class MessagesService:
             else chat_completions.buffered_chunks(answer))
         converter = self.converter(body, attempt)
         message = collect_message(convert_chunks(chunks, converter))
+        current_record().message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, current_record())
         return message
@@ -354,6 +360,18 @@ class MessagesService:
         self.sessions.remember(session, record.tokens.get("input", 0)
                                + record.tokens.get("cache_read", 0)
                                + record.tokens.get("cache_write", 0))
+
+
+async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
+    """`send`, with its moments on the request's timeline (the dashboard's inspector)."""
+    mark("upstream request", f"{provider.name},{upstream.body['model']}")
+    try:
+        answer = await send(provider, upstream)
+    except ProxyError as error:
+        mark("upstream failed", f"{provider.name}: {error.status} {error.error_type}")
+        raise
+    mark("first upstream byte", provider.name)
+    return answer
 
 
 def _retry_after(error: ProxyError) -> float | None:

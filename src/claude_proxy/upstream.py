@@ -24,6 +24,7 @@ import orjson
 # httpx-sse's spec-compliant decoders, used directly so that parsing can follow network reads.
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
+from claude_proxy.access import mark
 from claude_proxy.config import ProviderSettings
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
 from claude_proxy.logs import MIN_SECRET_LENGTH
@@ -220,6 +221,7 @@ class OpenAIClient:
                 delay = self._policy.delay(number, error.headers.get("retry-after"))
                 logger.warning("upstream failed (%d %s), retry %d in %.2fs", error.status,
                                error.error_type, number + 1, delay)
+                mark("retry", f"{error.status} {error.error_type}, again in {delay:.2f}s")
                 if self._on_retry is not None:
                     self._on_retry()
                 await asyncio.sleep(delay)

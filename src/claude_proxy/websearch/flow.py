@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from claude_proxy.access import current_record, record_usage
+from claude_proxy.access import current_record, mark, record_usage
 from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.signatures import ThinkingSigner
@@ -239,8 +239,10 @@ class SearchFlow:
         """The whole Message, for a non-streaming client."""
         content: list[Block] = []
         reply = await self._run(plan, content.append)
-        return message(new_message_id(), plan.body["model"], content, reply.stop_reason,
-                       self._usage(plan, reply))
+        answer = message(new_message_id(), plan.body["model"], content, reply.stop_reason,
+                         self._usage(plan, reply))
+        current_record().message = answer  # for the dashboard's inspector
+        return answer
 
     async def stream(self, plan: Plan, deadline: float) -> AsyncIterator[bytes]:
         """SSE bytes: message_start at once, a ping while waiting, each block when whole."""
@@ -256,8 +258,14 @@ class SearchFlow:
             async with asyncio.timeout_at(deadline):
                 return await self._run(plan, emit)
 
-        yield encode_event(message_start(new_message_id(), plan.body["model"],
-                                         estimate_request_tokens(plan.body)))
+        sent = current_record().events  # for the dashboard: one append per write
+
+        def frame(events: list[dict[str, Any]]) -> bytes:
+            sent.append(events)
+            return encode_events(events)
+
+        yield frame([message_start(new_message_id(), plan.body["model"],
+                                   estimate_request_tokens(plan.body))])
         task = asyncio.ensure_future(work())
         try:
             while not task.done() or not queue.empty():
@@ -266,8 +274,8 @@ class SearchFlow:
                     if not done and queue.empty():
                         yield encode_event({"type": "ping"})
                     continue
-                yield encode_events(queue.get_nowait())
-            yield encode_events(self._ending(plan, task))
+                yield frame(queue.get_nowait())
+            yield frame(self._ending(plan, task))
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -288,7 +296,8 @@ class SearchFlow:
         result = usage(reply.input_tokens or estimate_request_tokens(plan.body),
                        reply.output_tokens, sum(1 for s in reply.searches if s.error is None))
         record_usage(result, 0)
-        current_record().stream = bool(plan.body.get("stream"))
+        record = current_record()
+        record.stream, record.client_body = bool(plan.body.get("stream")), plan.body
         return result
 
     # ------------------------------------------------------------ the flow
@@ -406,6 +415,8 @@ class SearchFlow:
     def _log(self, search: Search, seconds: float) -> None:
         outcome = search.error or ("ok" if search.hits else "empty")
         self.metrics.web_searches.labels(search.source, outcome).inc()
+        mark("web search", f"{search.source}: {outcome}, {len(search.hits)} hits, query "
+                           f"{len(search.query)} chars")
         logger.info("web_search request_id=%s source=%s query_chars=%d hits=%d outcome=%s "
                     "ms=%.1f", current_record().request_id, search.source, len(search.query),
                     len(search.hits), outcome, seconds * 1e3)

@@ -1,0 +1,1 @@
+"""The live dashboard at /ui: the recorder (memory), the inspector views, the routes."""

@@ -1,0 +1,212 @@
+"""The dashboard's HTTP side: the page, its live feed, the inspector's data, and the login.
+
+With ANTHROPIC_API_KEY set, everything but the static assets (code, no data) needs the key:
+either presented as the API takes it (`x-api-key`, `Authorization: Bearer`), or through the
+login form, which sets an HttpOnly, SameSite=Strict session cookie. The cookie's value is
+not the key: a random nonce and an expiry, signed with a key derived from the client key, so
+that every worker can check it without shared state. Without a key the dashboard is as open
+as the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import html
+import secrets
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+
+from claude_proxy.auth import key_matches, presented_keys
+from claude_proxy.config import Settings
+from claude_proxy.errors import error_body
+from claude_proxy.ui.recorder import Recorder
+
+COOKIE = "claude_proxy_ui"
+SESSION_SECONDS = 7 * 24 * 3600
+LOGIN_BODY_LIMIT = 4096
+TICK_SECONDS = 1.0
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html",
+                ".svg": "image/svg+xml"}
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; form-action 'self'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+class Sessions:
+    """Session cookie values that any worker sharing the client key can verify."""
+
+    def __init__(self, client_key: str) -> None:
+        self._mac_key = hashlib.sha256(b"claude-proxy dashboard session\0"
+                                       + client_key.encode()).digest()
+
+    def _mac(self, nonce: str, expires: int) -> str:
+        return hmac.new(self._mac_key, f"{nonce}.{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def issue(self, now: float) -> str:
+        nonce, expires = secrets.token_urlsafe(18), int(now) + SESSION_SECONDS
+        return f"{nonce}.{expires}.{self._mac(nonce, expires)}"
+
+    def valid(self, value: str, now: float) -> bool:
+        nonce, _, rest = value.partition(".")
+        expires, _, mac = rest.partition(".")
+        if not nonce or not expires.isdigit() or int(expires) < now:
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(nonce, int(expires)).encode())
+
+
+def _static(name: str) -> bytes:
+    return (resources.files("claude_proxy.ui") / "static" / name).read_bytes()
+
+
+def login_page(message: str, next_path: str) -> bytes:
+    note = f'<p class="login-error">{html.escape(message)}</p>' if message else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>claude-proxy · sign in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="/ui/static/app.css"></head>
+<body class="login"><form method="post" action="/ui/login" class="login-box">
+<h1>claude-proxy</h1><p>This proxy needs its client key (ANTHROPIC_API_KEY) for the dashboard.
+</p>{note}<label>Key <input type="password" name="key" autocomplete="current-password"
+autofocus required></label><input type="hidden" name="next" value="{html.escape(next_path)}">
+<button type="submit">Open the dashboard</button></form></body></html>""".encode()
+
+
+def dashboard_router(settings: Settings, recorder: Recorder) -> APIRouter:
+    router = APIRouter()
+    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
+    sessions = Sessions(key) if key else None
+    page = _static("index.html")
+
+    def authorized(request: Request) -> bool:
+        if sessions is None:
+            return True
+        cookie = request.cookies.get(COOKIE)
+        if cookie and sessions.valid(cookie, time.time()):
+            return True
+        return key_matches(presented_keys(request.headers), key)
+
+    def html_response(content: bytes, status: int = 200) -> Response:
+        return Response(content, status, headers=SECURITY_HEADERS, media_type="text/html")
+
+    def json_response(data: Any, status: int = 200) -> Response:
+        return Response(recorder.dumps(data), status, headers=SECURITY_HEADERS,
+                        media_type="application/json")
+
+    def unauthorized() -> Response:
+        return json_response(error_body("authentication_error", "the dashboard needs the "
+                                        "client key (sign in at /ui)"), 401)
+
+    async def show_page(request: Request) -> Response:
+        if not authorized(request):
+            return html_response(login_page("", request.url.path), 401)
+        return html_response(page)
+
+    router.add_api_route("/ui", show_page, methods=["GET"], include_in_schema=False)
+    router.add_api_route("/ui/requests/{request_id}", show_page, methods=["GET"],
+                         include_in_schema=False)
+
+    @router.post("/ui/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        body = await _small_body(request)
+        fields = parse_qs(body.decode(errors="replace"))
+        next_path = fields.get("next", ["/ui"])[0]
+        if not next_path.startswith("/ui") or next_path.startswith("/ui/login"):
+            next_path = "/ui"
+        if sessions is None:
+            return Response(status_code=303, headers={"location": next_path})
+        if not key_matches([fields.get("key", [""])[0]], key):
+            return html_response(login_page("That is not the key.", next_path), 401)
+        response = Response(status_code=303, headers={"location": next_path,
+                                                      "cache-control": "no-store"})
+        response.set_cookie(COOKIE, sessions.issue(time.time()), max_age=SESSION_SECONDS,
+                            path="/ui", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+
+    @router.post("/ui/logout", include_in_schema=False)
+    async def logout() -> Response:
+        response = Response(status_code=303, headers={"location": "/ui"})
+        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+        return response
+
+    @router.get("/ui/feed", include_in_schema=False)
+    async def feed(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        return EventSourceResponse(live_feed(recorder), ping=15, headers=SECURITY_HEADERS)
+
+    @router.get("/ui/api/requests/{request_id}", include_in_schema=False)
+    async def inspect(request: Request, request_id: str) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        view = recorder.inspect(request_id)
+        if view is None:
+            return json_response(error_body("not_found_error", "no such request in this "
+                                            "worker's memory"), 404)
+        return json_response(view)
+
+    @router.get("/ui/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        suffix = name[name.rfind("."):] if "." in name else ""
+        if "/" in name or suffix not in STATIC_TYPES or name == "index.html":
+            return json_response(error_body("not_found_error", "no such file"), 404)
+        try:
+            content = _static(name)
+        except FileNotFoundError:
+            return json_response(error_body("not_found_error", "no such file"), 404)
+        return Response(content, media_type=STATIC_TYPES[suffix],
+                        headers={"cache-control": "no-cache",
+                                 "x-content-type-options": "nosniff"})
+
+    return router
+
+
+async def _small_body(request: Request) -> bytes:
+    received = bytearray()
+    async for piece in request.stream():
+        received += piece
+        if len(received) > LOGIN_BODY_LIMIT:
+            break
+    return bytes(received[:LOGIN_BODY_LIMIT])
+
+
+async def live_feed(recorder: Recorder) -> AsyncIterator[dict[str, str]]:
+    """`hello` (everything), then `request` as each one finishes and `live` every second;
+    a viewer that fell behind gets a fresh `hello`."""
+    subscription = recorder.subscribe()
+    loop = asyncio.get_running_loop()
+    try:
+        yield {"event": "hello", "data": recorder.dumps(recorder.snapshot()).decode()}
+        next_tick = loop.time() + TICK_SECONDS
+        while True:
+            if subscription.behind:
+                while not subscription.queue.empty():
+                    subscription.queue.get_nowait()
+                subscription.behind = False
+                yield {"event": "hello", "data": recorder.dumps(recorder.snapshot()).decode()}
+            wait = next_tick - loop.time()
+            if wait <= 0:
+                next_tick = loop.time() + TICK_SECONDS
+                yield {"event": "live", "data": recorder.dumps(recorder.live()).decode()}
+                continue
+            try:
+                async with asyncio.timeout(wait):
+                    event, data = await subscription.queue.get()
+            except TimeoutError:
+                continue
+            yield {"event": event, "data": recorder.dumps(data).decode()}
+    finally:
+        recorder.unsubscribe(subscription)
