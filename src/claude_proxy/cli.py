@@ -131,7 +131,7 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''})")
     tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
-            f"{dashboard_note(settings, host, port, workers)}; web search: {describe(config)}")
+            f"web search: {describe(config)}; {dashboard_note(settings, host, port, workers)}")
     if config.source in ("environment", ZERO_CONFIGURATION):
         only = next(iter(config.providers.values()))
         found = f" ({config.source})" if config.source == ZERO_CONFIGURATION else ""
