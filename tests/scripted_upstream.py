@@ -197,6 +197,43 @@ def error_reply(status: int, message: str, headers: dict[str, str] | None = None
                  headers=headers or {})
 
 
+def example_for(schema: Any) -> Any:
+    """A value that fits a JSON schema: its first example, const or enum value, else a
+    placeholder of its type ("example", 1, true, one array item, every object property)."""
+    if not isinstance(schema, dict):
+        return None
+    for key in ("examples", "enum"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema[key][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object" or "properties" in schema:
+        return {name: example_for(sub) for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [example_for(schema.get("items"))]
+    return {"string": "example", "number": 1, "integer": 1, "boolean": True}.get(str(kind))
+
+
+_PROMPTED_SCHEMA = re.compile(r"JSON schema: (\{.*\})\s*$", re.DOTALL)
+
+
+def structured_answer(body: dict[str, Any]) -> str | None:
+    """Like a model held to `response_format`: JSON fitting the schema when the request asks
+    for `json_schema`, or for `json_object` with a schema in its system prompt; None (free
+    text) otherwise."""
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_schema":
+        return json.dumps(example_for(response_format["json_schema"]["schema"]))
+    system = next((m.get("content") for m in body.get("messages", [])
+                   if m.get("role") == "system" and isinstance(m.get("content"), str)), "")
+    match = _PROMPTED_SCHEMA.search(system or "")
+    return json.dumps(example_for(json.loads(match.group(1))) if match else {})
+
+
 # ------------------------------------------------------------------ the server
 
 
@@ -265,6 +302,10 @@ class ScriptedUpstream(LoopbackServer):
                 return reply
         if self._replies:
             return self._replies.popleft()
+        structured = structured_answer(body)
+        if structured is not None:
+            return text_stream([structured[:5], structured[5:]]) if body.get(
+                "stream") else completion({"content": structured})
         return text_stream(["scripted ", "default"]) if body.get("stream") else completion(
             {"content": "scripted default"})
 

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from claude_proxy.access import AccessLogMiddleware, current_record
 from claude_proxy.auth import key_matches, presented_keys
 from claude_proxy.config import Settings
+from claude_proxy.conversion.fields import screen_request
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
@@ -169,6 +170,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         check_client_key(request, settings)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(CountTokensRequest, payload)
+        screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
         return json_response({"input_tokens": estimate_request_tokens(body)})
 
     @app.post("/v1/messages")
@@ -176,6 +178,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         check_client_key(request, settings)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
+        screen_request(body, request.headers.get("anthropic-beta"))
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
         if is_search_request(body):
