@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
@@ -237,7 +237,26 @@ def structured_answer(body: dict[str, Any]) -> str | None:
 # ------------------------------------------------------------------ the server
 
 
-class ScriptedUpstream:
+class LoopbackServer:
+    """A Starlette app (`self.app`) served by uvicorn in a thread on 127.0.0.1."""
+
+    app: Starlette
+    port: int = 0
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self, port: int = 0) -> Self:
+        sock = bind_loopback(port)
+        self.port = sock.getsockname()[1]
+        self._server, self._thread = serve_in_thread(self.app, sock)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            stop_server(self._server, self._thread)
+
+
+class ScriptedUpstream(LoopbackServer):
     """The upstream server. Thread-safe enough for tests: scripts are queued before requests."""
 
     def __init__(self) -> None:
@@ -256,9 +275,6 @@ class ScriptedUpstream:
             Route("/openai/v1/responses", self._handle, methods=["POST"]),
         ])
         self.paths: list[str] = []
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
@@ -341,15 +357,6 @@ class ScriptedUpstream:
         with self._idle:
             return self._idle.wait_for(lambda: self.open_streams == 0, timeout)
 
-    def start(self, port: int = 0) -> ScriptedUpstream:
-        sock = bind_loopback(port)
-        self.port = sock.getsockname()[1]
-        self._server, self._thread = serve_in_thread(self.app, sock)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            stop_server(self._server, self._thread)
 
 
 def bind_loopback(port: int = 0) -> socket.socket:

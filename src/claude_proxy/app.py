@@ -40,6 +40,9 @@ from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
+from claude_proxy.websearch.backends import SearchBackend
+from claude_proxy.websearch.caller import ServiceCaller
+from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
 logger = logging.getLogger("claude_proxy.app")
 
@@ -106,11 +109,16 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         providers = build_providers(config, transport, on_retry=metrics.count_retry)
         app.state.service = MessagesService(config, providers, signer, metrics)
+        backend = SearchBackend(settings) if settings.web_search_backend else None
+        app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
+                                      signer, metrics)
         try:
             yield
         finally:
             for provider in providers.values():
                 await provider.client.aclose()
+            if backend is not None:
+                await backend.aclose()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -173,6 +181,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         screen_request(body, request.headers.get("anthropic-beta"))
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
+        if is_search_request(body):
+            return await search_response(request, body, deadline)
         session = request.headers.get(SESSION_HEADER)
         if body.get("stream"):
             converter, stream = await before_first_byte(
@@ -189,6 +199,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
                                                      deadline))
 
     return app
+
+
+async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
+    """A request with the web_search server tool: the search flow answers it."""
+    search: SearchFlow = request.app.state.search
+    plan = search.plan(body)
+    if body.get("stream"):
+        return EventSourceResponse(search.stream(plan, deadline), sep="\n")
+    return json_response(await before_first_byte(request, search.create(plan), deadline))
 
 
 def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:

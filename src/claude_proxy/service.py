@@ -44,6 +44,7 @@ from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
 
@@ -161,6 +162,7 @@ class MessagesService:
         """The upstream request, minus whatever this model is known to refuse. The one place
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
+        body = replay_blocks(body, self.signer)  # earlier web searches as text
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
         if responses.uses_responses(model, provider.settings):
