@@ -23,6 +23,7 @@ from claude_proxy.conversion.fields import (
     Treatment,
     markdown_tables,
 )
+from claude_proxy.conversion.request_converter import anonymous_user
 from claude_proxy.conversion.structured import apply_structured_output, schema_instruction
 from tests.conftest import ProxyServer, load_fixture
 from tests.scripted_upstream import Reply, ScriptedUpstream, completion, error_reply
@@ -146,7 +147,7 @@ CASES: dict[str, Case] = {
     "top_p": Case({"top_p": 0.5}, adds(top_p=0.5)),
     "top_k": Case({"top_k": 40}, adds(top_k=40), profile="vllm"),
     "metadata": Case({"metadata": {"user_id": "user-7"}},
-                     adds(user="user-7", prompt_cache_key=session_cache_key(
+                     adds(user=anonymous_user("user-7"), prompt_cache_key=session_cache_key(
                          None, {"metadata": {"user_id": "user-7"}}))),
     "tools": Case({"tools": [TOOL]}, adds(tools=[{"type": "function", "function": {
         "name": "get_weather", "description": "Weather of a city",
