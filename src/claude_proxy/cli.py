@@ -139,9 +139,9 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     providers = "; ".join(f"{name} -> {provider_summary(p)}"
                           for name, p in config.providers.items())
     router = Router(config.providers, config.router)
-    routes = ", ".join(f"{name}={','.join(f'{c.provider},{c.model}' for c in router.route(name))}"
+    routes = ", ".join(f"{name}={' | '.join(f'{c.provider},{c.model}' for c in router.route(name))}"
                        for name in router.route_names()) or "none (opus/sonnet/haiku mapping)"
-    fallback = ", ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
+    fallback = " | ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
     return (f"{head}; {len(config.providers)} providers from {config.source}: {providers}; "
             f"routes: {routes}; fallback: {fallback}; {tail}")
 
