@@ -7,6 +7,11 @@ CLAUDE_CODE_VERSION := 2.1.328
 CLAUDE_CODE_DIR := .cache/claude-code
 CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 export CLAUDE_BIN
+# The JavaScript test clients (TypeScript SDK, Vercel AI SDK), pinned in tests/js/package.json
+# and its lock file, installed under .cache/js; tests/js/node_modules points there so that the
+# scripts in tests/js resolve them.
+JS_CLIENTS_DIR := .cache/js
+JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
@@ -31,6 +36,13 @@ $(CLAUDE_BIN):
 		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 	test -x $(CLAUDE_BIN)
 
+$(JS_CLIENTS): tests/js/package.json tests/js/package-lock.json
+	mkdir -p $(JS_CLIENTS_DIR)
+	cp tests/js/package.json tests/js/package-lock.json $(JS_CLIENTS_DIR)/
+	npm ci --prefix $(JS_CLIENTS_DIR) --no-audit --no-fund --loglevel=error
+	ln -sfn ../../$(JS_CLIENTS_DIR)/node_modules tests/js/node_modules
+	touch $@
+
 ## browser: Debian's chromium for the dashboard's browser tests (driven by Playwright; its own
 ## browser download is not used)
 browser:
@@ -46,7 +58,7 @@ run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) browser lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-container: build the image with docker or podman, run it, check it from outside
@@ -60,7 +72,7 @@ typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy src
 
 ## unit: the fast tests only (no Claude Code)
-unit: $(VENV)/.installed-test
+unit: $(VENV)/.installed-test $(JS_CLIENTS)
 	$(BIN)/python -m pytest -m "not claude_code"
 
 ## bench: the proxy vs a direct baseline and a FLOOR translator, both run from a production

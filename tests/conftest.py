@@ -21,6 +21,7 @@ from claude_proxy.app import create_app
 from claude_proxy.config import Settings
 from claude_proxy.logs import LOG_FORMAT, RedactingFilter
 from tests.scripted_upstream import ScriptedUpstream, bind_loopback, serve_in_thread, stop_server
+from tests.search_backend import SearchBackendServer
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 CLIENT_KEY = "sk-ant-client-secret-0123456789"
@@ -87,10 +88,20 @@ def upstream() -> Iterator[ScriptedUpstream]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def search_backend() -> Iterator[SearchBackendServer]:
+    """The scripted search backend (SearXNG, Brave, Tavily and Exa shapes) on loopback."""
+    server = SearchBackendServer().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_upstream(request: pytest.FixtureRequest) -> None:
     if "upstream" in request.fixturenames:
         request.getfixturevalue("upstream").reset()
+    if "search_backend" in request.fixturenames:
+        request.getfixturevalue("search_backend").reset()
 
 
 def proxy_settings(upstream: ScriptedUpstream, log_file: Path, **overrides: Any) -> Settings:
@@ -154,7 +165,7 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     that would change what is tested, and with its log in tmp_path."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
-                                "REASONING_", "THINKING_", "PROVIDER"))}
+                                "REASONING_", "THINKING_", "PROVIDER", "WEB_SEARCH"))}
     env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
     return env
 

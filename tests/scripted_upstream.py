@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
@@ -197,10 +197,66 @@ def error_reply(status: int, message: str, headers: dict[str, str] | None = None
                  headers=headers or {})
 
 
+def example_for(schema: Any) -> Any:
+    """A value that fits a JSON schema: its first example, const or enum value, else a
+    placeholder of its type ("example", 1, true, one array item, every object property)."""
+    if not isinstance(schema, dict):
+        return None
+    for key in ("examples", "enum"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema[key][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object" or "properties" in schema:
+        return {name: example_for(sub) for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [example_for(schema.get("items"))]
+    return {"string": "example", "number": 1, "integer": 1, "boolean": True}.get(str(kind))
+
+
+_PROMPTED_SCHEMA = re.compile(r"JSON schema: (\{.*\})\s*$", re.DOTALL)
+
+
+def structured_answer(body: dict[str, Any]) -> str | None:
+    """Like a model held to `response_format`: JSON fitting the schema when the request asks
+    for `json_schema`, or for `json_object` with a schema in its system prompt; None (free
+    text) otherwise."""
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_schema":
+        return json.dumps(example_for(response_format["json_schema"]["schema"]))
+    system = next((m.get("content") for m in body.get("messages", [])
+                   if m.get("role") == "system" and isinstance(m.get("content"), str)), "")
+    match = _PROMPTED_SCHEMA.search(system or "")
+    return json.dumps(example_for(json.loads(match.group(1))) if match else {})
+
+
 # ------------------------------------------------------------------ the server
 
 
-class ScriptedUpstream:
+class LoopbackServer:
+    """A Starlette app (`self.app`) served by uvicorn in a thread on 127.0.0.1."""
+
+    app: Starlette
+    port: int = 0
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self, port: int = 0) -> Self:
+        sock = bind_loopback(port)
+        self.port = sock.getsockname()[1]
+        self._server, self._thread = serve_in_thread(self.app, sock)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            stop_server(self._server, self._thread)
+
+
+class ScriptedUpstream(LoopbackServer):
     """The upstream server. Thread-safe enough for tests: scripts are queued before requests."""
 
     def __init__(self) -> None:
@@ -219,9 +275,6 @@ class ScriptedUpstream:
             Route("/openai/v1/responses", self._handle, methods=["POST"]),
         ])
         self.paths: list[str] = []
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
@@ -249,6 +302,10 @@ class ScriptedUpstream:
                 return reply
         if self._replies:
             return self._replies.popleft()
+        structured = structured_answer(body)
+        if structured is not None:
+            return text_stream([structured[:5], structured[5:]]) if body.get(
+                "stream") else completion({"content": structured})
         return text_stream(["scripted ", "default"]) if body.get("stream") else completion(
             {"content": "scripted default"})
 
@@ -300,15 +357,6 @@ class ScriptedUpstream:
         with self._idle:
             return self._idle.wait_for(lambda: self.open_streams == 0, timeout)
 
-    def start(self, port: int = 0) -> ScriptedUpstream:
-        sock = bind_loopback(port)
-        self.port = sock.getsockname()[1]
-        self._server, self._thread = serve_in_thread(self.app, sock)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            stop_server(self._server, self._thread)
 
 
 def bind_loopback(port: int = 0) -> socket.socket:

@@ -22,10 +22,12 @@ from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
     chunk,
+    completion,
     error_reply,
     responses_stream,
     text_stream,
 )
+from tests.search_backend import HITS, SearchBackendServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAUDE_BIN = Path(os.environ.get(
@@ -179,6 +181,153 @@ def test_thinking_block_streams_with_exact_text(
     assert [t["thinking"] for t in thinking] == ["".join(reasoning)]
     assert [b["text"] for b in blocks(lines, "text")] == ["Final answer."]
     assert lines[-1]["result"] == "Final answer."
+
+
+# ---------------------------------------------------------------- WebSearch
+
+WEB_QUERY = "latest rust release notes"
+WEB_SUMMARY = "Rust 1.91.0 is the latest release ([Announcing Rust 1.91.0]({url}))."
+
+
+def web_search_responder(seen: list[str]) -> Callable[[dict[str, Any]], Reply]:
+    """The main loop loads WebSearch (ToolSearch `select:WebSearch`), calls it, then answers
+    from the tool result; the proxy's summary call (a `web_search` function with its results)
+    gets a short summary."""
+    def respond(body: dict[str, Any]) -> Reply:
+        content = last_tool_output(body["messages"])
+        names = {tool["function"]["name"] for tool in body.get("tools") or []}
+        if content.startswith('Web search results for "'):
+            seen.append("summary")
+            url = content.split("URL: ", 1)[1].split("\n", 1)[0]
+            return completion({"content": WEB_SUMMARY.format(url=url)})
+        if content.startswith("Web search results for query:") or "Web search error" in content:
+            seen.append("answer")
+            return text_stream(["Done searching."])
+        if content and "WebSearch" in names:
+            seen.append("call WebSearch")
+            return tool_call_stream("call_ws_1", "WebSearch", {"query": WEB_QUERY})
+        seen.append("call ToolSearch")
+        return tool_call_stream("call_ts_1", "ToolSearch",
+                                {"query": "select:WebSearch", "max_results": 1})
+    return respond
+
+
+def last_tool_output(messages: list[dict[str, Any]]) -> str:
+    """The tool message of the latest turn (Claude Code adds a user message after it)."""
+    for message in reversed(messages):
+        if message["role"] == "assistant":
+            return ""
+        if message["role"] == "tool":
+            return str(message["content"])
+    return ""
+
+
+def tool_call_stream(call_id: str, name: str, arguments: dict[str, Any]) -> Reply:
+    return Reply(events=[
+        chunk({"role": "assistant", "tool_calls": [{"index": 0, "id": call_id,
+                                                    "type": "function", "function": {
+                                                        "name": name, "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(arguments)}}]}),
+        chunk({}, "tool_calls")])
+
+
+def web_search_result(lines: list[dict[str, Any]]) -> Any:
+    """Claude Code's `tool_use_result` for the WebSearch call, and its tool_result text."""
+    tool_ids = [b["id"] for b in blocks(lines, "tool_use") if b["name"] == "WebSearch"]
+    assert len(tool_ids) == 1, blocks(lines, "tool_use")
+    for line in lines:
+        if line["type"] != "user":
+            continue
+        for block in line["message"]["content"]:
+            if block.get("type") == "tool_result" and block["tool_use_id"] == tool_ids[0]:
+                return line.get("tool_use_result"), block["content"]
+    raise AssertionError("no WebSearch tool_result")
+
+
+def test_web_search_runs_through_the_backend(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream, search_backend: SearchBackendServer) -> None:
+    proxy = proxy_factory(web_search_backend="searxng", web_search_url=search_backend.url)
+    seen: list[str] = []
+    upstream.responder = web_search_responder(seen)
+    lines = run_claude(tmp_path, proxy, "What are the release notes of the latest Rust?",
+                       "--allowedTools", "WebSearch")
+    assert [s.query for s in search_backend.requests] == [WEB_QUERY]
+    structured, text = web_search_result(lines)
+    results = [r for r in structured["results"] if not isinstance(r, str)]
+    assert len(results) == 1  # what Claude Code counts as "Did 1 search"
+    assert [(c["url"], c["title"]) for c in results[0]["content"]] == [
+        (hit.url, hit.title) for hit in HITS]
+    summary = WEB_SUMMARY.format(url=HITS[0].url)
+    assert summary in [r for r in structured["results"] if isinstance(r, str)]
+    final = last_tool_output(upstream.requests[-1]["messages"])
+    assert final.startswith(text)
+    assert final.startswith(f'Web search results for query: "{WEB_QUERY}"')
+    links = json.dumps([{"title": hit.title, "url": hit.url} for hit in HITS],
+                       ensure_ascii=False, separators=(",", ":"))
+    assert final.startswith(f'Web search results for query: "{WEB_QUERY}"\n\n'
+                            f"Links: {links}\n\n{summary}\n\n\nREMINDER: ")
+    assert seen == ["call ToolSearch", "call WebSearch", "summary", "answer"]
+    assert lines[-1]["result"] == "Done searching." and lines[-1]["is_error"] is False
+
+
+def test_web_search_without_a_backend_says_unavailable(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    seen: list[str] = []
+    upstream.responder = web_search_responder(seen)
+    lines = run_claude(tmp_path, proxy, "What are the release notes of the latest Rust?",
+                       "--allowedTools", "WebSearch")
+    structured, text = web_search_result(lines)
+    assert structured["results"] == ["Web search error: unavailable"]
+    assert text.startswith(f'Web search results for query: "{WEB_QUERY}"')
+    assert "Web search error: unavailable" in text
+    final = last_tool_output(upstream.requests[-1]["messages"])
+    assert final.startswith(text)
+    # The side query never reached the upstream: no answer from memory.
+    assert seen == ["call ToolSearch", "call WebSearch", "answer"]
+    assert lines[-1]["result"] == "Done searching."
+
+
+GLM_NATIVE_ANSWER = {
+    "id": "glm-1", "created": 1, "model": "glm-4.6",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "GLM searched: Rust 1.91.0 is out [ref_1]."}}],
+    "web_search": [{"refer": "ref_1", "title": HITS[0].title, "link": HITS[0].url,
+                    "content": HITS[0].snippet, "publish_date": "2026-10-30"},
+                   {"refer": "ref_2", "title": HITS[1].title, "link": HITS[1].url,
+                    "content": HITS[1].snippet, "publish_date": ""}]}
+
+
+def test_web_search_native_on_glm(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream, search_backend: SearchBackendServer) -> None:
+    """WEB_SEARCH=native on GLM: the side query goes upstream once with GLM's web_search
+    tool; its sources are what Claude Code lists; the backend is not asked."""
+    proxy = proxy_factory(provider="glm", web_search="native",
+                          web_search_backend="searxng", web_search_url=search_backend.url)
+    seen: list[str] = []
+    main_loop = web_search_responder(seen)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if any(tool.get("type") == "web_search" for tool in body.get("tools") or []):
+            seen.append("native")
+            return Reply(body=GLM_NATIVE_ANSWER)
+        return main_loop(body)
+
+    upstream.responder = respond
+    lines = run_claude(tmp_path, proxy, "What are the release notes of the latest Rust?",
+                       "--allowedTools", "WebSearch")
+    structured, text = web_search_result(lines)
+    results = [r for r in structured["results"] if not isinstance(r, str)]
+    assert [(c["url"], c["title"]) for c in results[0]["content"]] == [
+        (hit.url, hit.title) for hit in HITS[:2]]
+    assert "GLM searched: Rust 1.91.0 is out [ref_1]." in text
+    assert seen == ["call ToolSearch", "call WebSearch", "native", "answer"]
+    assert search_backend.requests == []
+    native = next(r for r in upstream.requests if r.get("tools") and any(
+        t.get("type") == "web_search" for t in r["tools"]))
+    assert native["tools"][0]["web_search"]["search_query"] == WEB_QUERY
+    assert "stream" not in native
 
 
 ENCRYPTED = "gAAAAABscripted-encrypted-reasoning_0123456789-abcdefghijklmnopqrstuvwxyz=="

@@ -5,7 +5,6 @@ result reports the cache reads and writes the upstream reported; over Claude Cod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -85,5 +84,5 @@ def test_five_step_loop_keeps_every_prefix(
     keys = {body.get("prompt_cache_key") for body in bodies}
     assert len(keys) == 1
     if shape != "deepseek":
-        user_id = json.loads(bodies[0]["user"])  # metadata.user_id, passed on as `user`
-        assert keys == {key_of(user_id["session_id"])}
+        assert keys == {key_of(lines[0]["session_id"])}  # Claude Code's session id, hashed
+        assert lines[0]["session_id"] not in orjson.dumps(bodies[0]).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 
 from claude_proxy.config import Settings
 from claude_proxy.conversion.ids import to_anthropic_id, to_upstream_id
-from claude_proxy.conversion.request_converter import convert_request, map_model
+from claude_proxy.conversion.request_converter import anonymous_user, convert_request, map_model
 from tests.conftest import load_fixture
 
 
@@ -43,7 +44,8 @@ def test_claude_code_first_request_converts_field_by_field() -> None:
     assert body["max_tokens"] == 16384  # 128000 clamped to PROVIDER_MAX_OUTPUT_TOKENS
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["user"] == original["metadata"]["user_id"]
+    assert body["user"] == anonymous_user(original["metadata"]["user_id"])
+    assert body["user"].startswith("user-") and len(body["user"]) == 37
     for absent in ("thinking", "context_management", "output_config", "metadata", "system"):
         assert absent not in body
 
@@ -136,7 +138,7 @@ def test_sampling_stop_and_user_fields() -> None:
                                    metadata={"user_id": "user-42"}), settings())
     assert body["temperature"] == 0.3 and body["top_p"] == 0.9
     assert body["stop"] == ["END", "STOP"]
-    assert body["user"] == "user-42"
+    assert body["user"] == "user-" + hashlib.sha256(b"user-42").hexdigest()[:32]
     assert "top_k" not in body
     assert "stream" not in body and "stream_options" not in body
 

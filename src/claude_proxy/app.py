@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from claude_proxy.access import AccessLogMiddleware, current_record
 from claude_proxy.auth import key_matches, presented_keys
 from claude_proxy.config import Settings
+from claude_proxy.conversion.fields import screen_request
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
@@ -39,6 +40,9 @@ from claude_proxy.service import MessagesService
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
+from claude_proxy.websearch.backends import SearchBackend
+from claude_proxy.websearch.caller import ServiceCaller
+from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
 logger = logging.getLogger("claude_proxy.app")
 
@@ -105,11 +109,16 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         providers = build_providers(config, transport, on_retry=metrics.count_retry)
         app.state.service = MessagesService(config, providers, signer, metrics)
+        backend = SearchBackend(settings) if settings.web_search_backend else None
+        app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
+                                      signer, metrics)
         try:
             yield
         finally:
             for provider in providers.values():
                 await provider.client.aclose()
+            if backend is not None:
+                await backend.aclose()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -159,6 +168,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         check_client_key(request, settings)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(CountTokensRequest, payload)
+        screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
         return json_response({"input_tokens": estimate_request_tokens(body)})
 
     @app.post("/v1/messages")
@@ -166,8 +176,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         check_client_key(request, settings)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
+        screen_request(body, request.headers.get("anthropic-beta"))
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
+        if is_search_request(body):
+            return await search_response(request, body, deadline)
         session = request.headers.get(SESSION_HEADER)
         if body.get("stream"):
             converter, stream = await before_first_byte(
@@ -187,6 +200,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         # After the API's routes: every request is matched against the routes in order.
         app.include_router(dashboard_router(settings, recorder))
     return app
+
+
+async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
+    """A request with the web_search server tool: the search flow answers it."""
+    search: SearchFlow = request.app.state.search
+    plan = search.plan(body)
+    if body.get("stream"):
+        return EventSourceResponse(search.stream(plan, deadline), sep="\n")
+    return json_response(await before_first_byte(request, search.create(plan), deadline))
 
 
 def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:

@@ -21,10 +21,18 @@ from claude_proxy.conversion.caching import (
     strip_cache_control,
     system_messages_as_user,
 )
+from claude_proxy.conversion.structured import StructuredMode
 
 REASONING = "reasoning"
 SUMMARY = "reasoning.summary"
 """Responses API: reasoning summaries refused (an organisation not verified for them)."""
+# Structured outputs step down instead of disappearing: a model that refused
+# `response_format: json_schema` gets `json_object` (plus the schema in the system prompt),
+# one that refused that too gets the prompt alone.
+STRUCTURED = "response_format"
+STRUCTURED_JSON_OBJECT = "response_format:json_object"
+_ABOUT_STRUCTURED = re.compile(r"response_format|json_schema|json_object|structured output",
+                               re.IGNORECASE)
 
 # Words a refusal of the reasoning fields names, besides the field names themselves
 # (Ollama: '"x" does not support thinking').
@@ -60,9 +68,9 @@ def _top_level(field: str) -> Refusable:
 
 REFUSABLE: tuple[Refusable, ...] = (
     # Older Azure api-versions and vLLM/Ollama builds reject stream_options, some reject user;
-    # Groq and Gemini reject prompt_cache_key.
+    # Groq and Gemini reject prompt_cache_key; top_k goes only to profiles that take it.
     *(_top_level(field) for field in ("stream_options", "parallel_tool_calls", "user",
-                                      "prompt_cache_key")),
+                                      "prompt_cache_key", "top_k")),
     # Mistral, NIM and some Kimi relays reject breakpoints ("...cache_control: Extra inputs
     # are not permitted"): sent without them.
     Refusable("cache_control", has_cache_control, _names("cache_control"), strip_cache_control),
@@ -91,6 +99,24 @@ def drop_refused(body: Body, refuses: Callable[[str], bool]) -> None:
     for refusable in REFUSABLE:
         if refuses(refusable.name):
             refusable.drop(body)
+
+
+def refused_structured(message: str, body: dict[str, Any]) -> list[str]:
+    """[STRUCTURED] or [STRUCTURED_JSON_OBJECT] when an upstream error message rejects the
+    `response_format` we sent, else []."""
+    sent = body.get("response_format")
+    if not isinstance(sent, dict) or not _ABOUT_STRUCTURED.search(message):
+        return []
+    return [STRUCTURED if sent.get("type") == "json_schema" else STRUCTURED_JSON_OBJECT]
+
+
+def structured_mode(refusals: Refusals, model: str) -> StructuredMode:
+    """How to ask this model for a JSON schema, given what it refused before."""
+    if refusals.refuses(model, STRUCTURED_JSON_OBJECT):
+        return "prompt"
+    if refusals.refuses(model, STRUCTURED):
+        return "json_object"
+    return "json_schema"
 
 
 class Refusals:

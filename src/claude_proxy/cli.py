@@ -34,6 +34,7 @@ from claude_proxy.routing.config import (
 )
 from claude_proxy.routing.router import Router
 from claude_proxy.ui.recorder import WORKERS_VARIABLE
+from claude_proxy.websearch.config import describe, with_search_table
 
 logger = logging.getLogger("claude_proxy")
 
@@ -81,6 +82,12 @@ def read_settings(env_file: Path | None) -> Settings:
 
 
 def read_config(env_file: Path | None, config_file: str | None = None) -> ProxyConfig:
+    """The providers and routes (see `providers_config`), with the search backend's settings
+    from the config file's `[web_search]` table applied and checked."""
+    return with_search_table(providers_config(env_file, config_file))
+
+
+def providers_config(env_file: Path | None, config_file: str | None = None) -> ProxyConfig:
     """The providers and routes: from the config file when there is one, else the one
     provider of the environment (or, with nothing configured at all, a local Ollama)."""
     settings = read_settings(env_file)
@@ -124,7 +131,7 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''})")
     tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
-            f"{dashboard_note(settings, host, port, workers)}")
+            f"web search: {describe(config)}; {dashboard_note(settings, host, port, workers)}")
     if config.source in ("environment", ZERO_CONFIGURATION):
         only = next(iter(config.providers.values()))
         found = f" ({config.source})" if config.source == ZERO_CONFIGURATION else ""
@@ -132,9 +139,9 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     providers = "; ".join(f"{name} -> {provider_summary(p)}"
                           for name, p in config.providers.items())
     router = Router(config.providers, config.router)
-    routes = ", ".join(f"{name}={','.join(f'{c.provider},{c.model}' for c in router.route(name))}"
+    routes = ", ".join(f"{name}={' | '.join(f'{c.provider},{c.model}' for c in router.route(name))}"
                        for name in router.route_names()) or "none (opus/sonnet/haiku mapping)"
-    fallback = ", ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
+    fallback = " | ".join(f"{c.provider},{c.model}" for c in router.fallbacks()) or "none"
     return (f"{head}; {len(config.providers)} providers from {config.source}: {providers}; "
             f"routes: {routes}; fallback: {fallback}; {tail}")
 

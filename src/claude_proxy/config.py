@@ -37,6 +37,8 @@ Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter
 Passback = Literal["reasoning_content", "reasoning", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
 CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
+WebSearchMode = Literal["native", "backend", "off"]
+WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
 OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 
@@ -155,6 +157,10 @@ class ProviderSettings(BaseModel):
     prompt_cache: CacheMode | None = None
     """How the client's `cache_control` breakpoints reach this upstream; unset means the
     default for the profile and model (`conversion/caching.py`)."""
+    web_search: WebSearchMode | None = None
+    """How Claude Code's WebSearch runs for this provider: `native` (the provider's own
+    search), `backend` (the process's WEB_SEARCH_BACKEND; the default when one is set) or
+    `off` (the Anthropic `unavailable` error, never an answer from memory)."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "buffer_stream_model_prefixes", mode="before")
@@ -166,7 +172,7 @@ class ProviderSettings(BaseModel):
         return value
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
-                     "reasoning_passback", "prompt_cache", mode="before")
+                     "reasoning_passback", "prompt_cache", "web_search", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":
@@ -277,7 +283,38 @@ class ProviderSettings(BaseModel):
         return [key] if key else []
 
 
-class Settings(BaseSettings, ProviderSettings):
+class SearchSettings(BaseModel):
+    """The search backend, one for the process: WEB_SEARCH_* in the environment, or the
+    `[web_search]` table of a config file (the same names without the prefix)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    web_search_backend: WebSearchBackend | None = None
+    web_search_url: str | None = None
+    """SearXNG's base URL; for the keyed services an override of the service's API base."""
+    web_search_api_key: SecretStr | None = None
+    web_search_max_results: int = Field(default=8, ge=1, le=20)
+    web_search_timeout: float = Field(default=15.0, gt=0)
+
+    @field_validator("web_search_backend", mode="before")
+    @classmethod
+    def _backend_name(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().lower() or None
+        return value
+
+    @field_validator("web_search_url", mode="after")
+    @classmethod
+    def _search_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http(s) URL such as http://localhost:8888")
+        return value.strip().rstrip("/")
+
+
+class Settings(BaseSettings, ProviderSettings, SearchSettings):
     """The process-wide knobs, read from the environment (and an optional `.env` file), plus
     the single provider that the environment describes when no config file is used."""
 
@@ -319,10 +356,12 @@ class Settings(BaseSettings, ProviderSettings):
     def _upper_log_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
+
     def process_secrets(self) -> list[str]:
-        """The client key and the signing secret (never an upstream key)."""
+        """The client key, the signing secret and the search key (never an upstream key)."""
         return [secret.get_secret_value() for secret in (self.anthropic_api_key,
-                                                        self.thinking_signature_secret)
+                                                        self.thinking_signature_secret,
+                                                        self.web_search_api_key)
                 if secret is not None and secret.get_secret_value()]
 
     def secrets(self) -> list[str]:

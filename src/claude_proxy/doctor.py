@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
@@ -22,6 +22,7 @@ from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.router import Router
 from claude_proxy.upstream import OpenAIClient
 from claude_proxy.upstreams import responses
+from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
 CLOCK_TOOL = {"name": "get_time", "description": "Current time in ISO format",
@@ -127,6 +128,18 @@ async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: s
     called = bool((choices[0].get("message") or {}).get("tool_calls"))
     return Check("tools", True, "accepted; the model called get_time" if called
                  else "accepted (the model answered without calling the tool)")
+
+
+async def check_search_backend(settings: SearchSettings) -> Check:
+    """One real search, as WebSearch would run it."""
+    backend = SearchBackend(settings)
+    try:
+        hits = await backend.search(Query("claude-proxy doctor", max_results=3))
+    except SearchFailed as failure:
+        return Check("search", False, f"{failure.code}: {failure.reason}")
+    finally:
+        await backend.aclose()
+    return Check("search", True, f"answered with {len(hits)} result{'s' * (len(hits) != 1)}")
 
 
 async def check_responses_model(client: OpenAIClient, settings: ProviderSettings,
@@ -244,6 +257,11 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
         ok = works.get((c.provider, c.model), False)
         lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}")
     ok = all(works.values())
+    if config.settings.web_search_backend:
+        search = await check_search_backend(config.settings)
+        lines.extend([f"web search backend {config.settings.web_search_backend}",
+                      search.line()])
+        ok = ok and search.ok
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok

@@ -50,20 +50,28 @@ class ProxyError(Exception):
         *,
         error_type: str | None = None,
         headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or error_type_for_status(status)
         self.headers = headers or {}
+        self.details = details
 
     def body(self) -> dict[str, Any]:
         """The JSON error body; also the payload of an SSE `error` event."""
-        return error_body(self.error_type, self.message)
+        return error_body(self.error_type, self.message, self.details)
 
 
-def error_body(error_type: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": error_type, "message": message}}
+def error_body(error_type: str, message: str,
+               details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`error.details` (e.g. `{"error_code": "thread_unsupported_request", …}`) is what the
+    SDKs read to choose a fallback, so it is sent when known."""
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if details is not None:
+        error["details"] = details
+    return {"type": "error", "error": error}
 
 
 def upstream_error_message(body: bytes) -> str:

@@ -78,6 +78,10 @@ class Metrics:
             "claude_proxy_provider_attempts_total",
             "Upstream attempts by provider, route and outcome (ok, failed_over, error)",
             ["provider", "route", "outcome"], registry=registry)
+        self.web_searches = Counter("claude_proxy_web_searches_total",
+                                    "Web searches by backend (or native:<provider>) and "
+                                    "outcome (ok, empty or the Anthropic error code)",
+                                    ["backend", "outcome"], registry=registry)
         self.active_streams = Gauge("claude_proxy_active_streams",
                                     "Streaming responses in progress", registry=registry,
                                     multiprocess_mode="livesum")

@@ -22,6 +22,8 @@ from claude_proxy.capabilities import (
     drop_refused,
     names_added_field,
     refused_optional_fields,
+    refused_structured,
+    structured_mode,
 )
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
@@ -32,6 +34,7 @@ from claude_proxy.conversion.response_converter import (
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
+from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
 from claude_proxy.routing.config import ProxyConfig
@@ -41,6 +44,7 @@ from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
 
@@ -158,6 +162,7 @@ class MessagesService:
         """The upstream request, minus whatever this model is known to refuse. The one place
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
+        body = replay_blocks(body, self.signer)  # earlier web searches as text
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
         if responses.uses_responses(model, provider.settings):
@@ -165,10 +170,12 @@ class MessagesService:
                 body, provider.settings, model=model, opaque_for=opaque_for,
                 without_reasoning=refusals.refuses(model, REASONING),
                 without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
+            apply_responses_structured_output(upstream.body, body)
         else:
             upstream = convert_request(body, provider.settings, model=model,
                                        is_ours=self.is_ours, opaque_for=opaque_for,
                                        without_reasoning=refusals.refuses(model, REASONING),
+                                       structured=structured_mode(refusals, model),
                                        cache_key=cache_key)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
         record = current_record()  # for the dashboard's inspector (kept by reference)
@@ -316,6 +323,9 @@ class MessagesService:
             return optional
         if upstream.api == "responses":
             return responses.refused_fields(error.message, upstream.extras)
+        structured = refused_structured(error.message, upstream.body)
+        if structured:
+            return structured
         if upstream.extras and names_added_field(error.message, upstream.extras):
             return [REASONING]
         return []

@@ -1,7 +1,9 @@
 """A tokenizer-free estimate of a request's input tokens (count_tokens and message_start).
 
 Claude Code only needs a number close enough to manage its context window; about four
-characters a token is the usual rule. Images and documents count a fixed amount each.
+characters a token is the usual rule. Images and documents count a fixed amount each. What is
+counted is what the translation sends: system, messages, tools, and a structured-output schema
+(sent as `response_format`, or in the system prompt where the upstream refuses that).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.structured import requested_schema, schema_instruction
 from claude_proxy.conversion.usage import estimate_tokens
 
 TOKENS_PER_MEDIA_BLOCK = 1600
@@ -27,6 +30,9 @@ def estimate_request_tokens(request: dict[str, Any]) -> int:
     tools = request.get("tools")
     if tools:
         characters += len(orjson.dumps(tools))
+    schema = requested_schema(request)
+    if schema is not None:
+        characters += len(schema_instruction(schema))
     return estimate_tokens(characters) + media * TOKENS_PER_MEDIA_BLOCK
 
 

@@ -157,7 +157,7 @@ def content_parts(content: Any, *, context: str) -> list[Part]:
     if isinstance(content, str):
         return [_text_part(content)] if content else []
     parts: list[Part] = []
-    for block in content or []:
+    for block in content if isinstance(content, list) else []:
         if not isinstance(block, dict):
             continue
         parts.extend(_block_parts(block, context))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,11 @@ from claude_proxy.conversion.reasoning import (
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.structured import (
+    StructuredMode,
+    apply_structured_output,
+    requested_schema,
+)
 from claude_proxy.conversion.tool_groups import (
     disabled_groups,
     groups_with_extensions,
@@ -39,6 +45,9 @@ from claude_proxy.conversion.tools import (
 logger = logging.getLogger("claude_proxy.conversion")
 
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
+# Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
+# APIs of the others have no such field.
+TOP_K_PROFILES = frozenset({"vllm", "ollama"})
 
 
 def map_model(requested: str, settings: ProviderSettings) -> str:
@@ -136,6 +145,7 @@ def convert_request(
     is_ours: Callable[[dict[str, Any]], bool] = lambda block: False,
     opaque_for: OpaqueFor = lambda block: [],
     without_reasoning: bool = False,
+    structured: StructuredMode = "json_schema",
     cache_key: str | None = None,
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
@@ -144,7 +154,8 @@ def convert_request(
     tells the proxy's own thinking blocks (passed back upstream) from foreign ones;
     `opaque_for` gives a block's opaque reasoning that this provider, model and key produced
     (it goes back as `reasoning_details`); `without_reasoning` leaves every reasoning field
-    out (a model known to refuse them); `cache_key` is the session's prompt-cache key
+    out (a model known to refuse them); `structured` is how a requested JSON schema is asked
+    for (see `structured.py`); `cache_key` is the session's prompt-cache key
     (`caching.session_cache_key`).
     """
     model = model or map_model(request["model"], settings)
@@ -163,8 +174,11 @@ def convert_request(
     if request.get("stream") and not buffered:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    _copy_sampling(request, body)
+    _copy_sampling(request, body, settings)
     _add_tools(request, body, settings)
+    schema = requested_schema(request)
+    if schema is not None:
+        apply_structured_output(body, schema, structured)
     result = UpstreamRequest(body, buffered=buffered)
     if without_reasoning:
         result.thinking = effective_reasoning(request, settings, "tools" in body).level is not None
@@ -199,7 +213,7 @@ def apply_reasoning_parameters(
     if is_reasoning_model:
         # OpenAI reasoning models: max_completion_tokens, and no sampling parameters.
         body["max_completion_tokens"] = body.pop("max_tokens")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "top_k"):
             body.pop(name, None)
         dialect: Dialect = "reasoning_effort"
     else:
@@ -230,8 +244,11 @@ def _without_disabled_groups(tools: list[dict[str, Any]], model: str,
     return kept
 
 
-def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
-    for name in ("temperature", "top_p"):
+def _copy_sampling(request: dict[str, Any], body: dict[str, Any],
+                   settings: ProviderSettings) -> None:
+    names = ("temperature", "top_p", "top_k") if settings.provider_name in TOP_K_PROFILES else (
+        "temperature", "top_p")
+    for name in names:
         if request.get(name) is not None:
             body[name] = request[name]
     stop = request.get("stop_sequences")
@@ -239,7 +256,13 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any]) -> None:
         body["stop"] = list(stop)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        body["user"] = metadata["user_id"]
+        body["user"] = anonymous_user(metadata["user_id"])
+
+
+def anonymous_user(user_id: str) -> str:
+    """`metadata.user_id` as the upstream's `user`: a stable hash, never the raw value
+    (Claude Code's names a device, an account and a session)."""
+    return "user-" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
 
 
 def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: ProviderSettings) -> None:

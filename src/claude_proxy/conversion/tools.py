@@ -45,15 +45,21 @@ def referenced_tool_names(messages: Iterable[dict[str, Any]]) -> set[str]:
     return names
 
 
+def clean_schema(schema: Any) -> dict[str, Any]:
+    """An object JSON schema as upstreams accept it (tool parameters, structured outputs):
+    document-level keys removed, `type` and `properties` present."""
+    cleaned = dict(schema) if isinstance(schema, dict) else dict(_EMPTY_SCHEMA)
+    for key in _SCHEMA_META_KEYS:
+        cleaned.pop(key, None)
+    cleaned.setdefault("type", "object")
+    if cleaned.get("type") == "object":
+        cleaned.setdefault("properties", {})
+    return cleaned
+
+
 def convert_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """One custom Anthropic tool as an OpenAI function."""
-    schema = tool.get("input_schema")
-    parameters = dict(schema) if isinstance(schema, dict) else dict(_EMPTY_SCHEMA)
-    for key in _SCHEMA_META_KEYS:
-        parameters.pop(key, None)
-    parameters.setdefault("type", "object")
-    if parameters.get("type") == "object":
-        parameters.setdefault("properties", {})
+    parameters = clean_schema(tool.get("input_schema"))
     function: dict[str, Any] = {"name": tool["name"], "parameters": parameters}
     description = tool.get("description")
     if isinstance(description, str) and description:
