@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the proxy and FLOOR from the production venv "
                              "(.cache/bench-prod-venv, `pip install .` only; default) or from "
                              "this interpreter's (the dev venv: only to compare the two)")
+    parser.add_argument("--source", type=Path, default=ROOT, metavar="DIR",
+                        help="build the production install from another checkout (e.g. "
+                             "`git archive main | tar -x -C DIR`) to compare before and after")
     return parser
 
 
@@ -266,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if args.strict and not all(target.passed for target in checked) else 0
 
 
-def server_python(install: str, meta: dict[str, Any]) -> Path:
+def server_python(install: str, source: Path, meta: dict[str, Any]) -> Path:
     """The interpreter the proxy and FLOOR run with, noted in `meta`."""
-    python = production_python(log) if install == "production" else dev_python()
+    python = production_python(log, source) if install == "production" else dev_python()
     meta["install"] = install
+    if source.resolve() != ROOT:
+        meta["source"] = str(source.resolve())
     meta["proxy_package"] = installed_location(python)
     return python
 
@@ -292,7 +297,7 @@ def components(python: Path, nonstream: dict[str, Any]) -> dict[str, Any]:
 
 def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[str, Any],
         profiler: Profiler | None) -> dict[str, Any]:
-    python = server_python(args.install, meta)
+    python = server_python(args.install, args.source, meta)
     upstream = start_upstream(workdir)
     with upstream:
         proxy = open_proxy(workdir, upstream.url, args.workers, meta, python)

@@ -25,29 +25,39 @@ VENV = ROOT / ".cache" / "bench-prod-venv"
 STAMP = "claude-proxy-source.sha256"
 
 
-def source_files() -> Iterator[Path]:
+def source_files(source: Path) -> Iterator[Path]:
     """What the installed package is built from."""
-    yield ROOT / "pyproject.toml"
-    for path in sorted((ROOT / "src").rglob("*")):
+    yield source / "pyproject.toml"
+    for path in sorted((source / "src").rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
             yield path
 
 
-def source_hash() -> str:
+def source_hash(source: Path = ROOT) -> str:
     digest = hashlib.sha256()
-    for path in source_files():
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+    for path in source_files(source):
+        digest.update(str(path.relative_to(source)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def venv_for(source: Path) -> Path:
+    """This tree's production venv, or a separate one per other source tree (`--source`)."""
+    if source.resolve() == ROOT:
+        return VENV
+    name = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:10]
+    return VENV.with_name(f"{VENV.name}-{name}")
 
 
 def python_of(directory: Path) -> Path:
     return directory / "bin" / "python"
 
 
-def production_python(log: Callable[[str], None], directory: Path = VENV) -> Path:
-    """The interpreter of an up-to-date production venv, (re)built first if needed."""
-    wanted = source_hash()
+def production_python(log: Callable[[str], None], source: Path = ROOT) -> Path:
+    """The interpreter of an up-to-date production venv of `source` (a checkout of
+    claude-proxy; default this one), (re)built first if needed."""
+    directory = venv_for(source)
+    wanted = source_hash(source)
     directory.parent.mkdir(parents=True, exist_ok=True)
     with (directory.parent / f"{directory.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -59,7 +69,7 @@ def production_python(log: Callable[[str], None], directory: Path = VENV) -> Pat
         # From the base interpreter, not the dev venv's (venv uses sys._base_executable).
         venv.EnvBuilder(with_pip=True).create(directory)
         run = subprocess.run([str(python_of(directory)), "-m", "pip", "install", "--quiet",
-                              "--disable-pip-version-check", str(ROOT)],
+                              "--disable-pip-version-check", str(source.resolve())],
                              capture_output=True, text=True, cwd=directory)
         if run.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
