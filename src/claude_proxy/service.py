@@ -198,7 +198,7 @@ class MessagesService:
 
     # ------------------------------------------------------------ routing and failover
 
-    async def _routed(self, body: dict[str, Any], send: Send[T],
+    async def routed(self, body: dict[str, Any], send: Send[T],
                       session: str | None) -> tuple[Attempt, T]:
         """Walk the router's candidates until one answers (before its first byte)."""
         record = current_record()
@@ -342,7 +342,7 @@ class MessagesService:
                 return provider.client.open_buffered_stream(upstream.body)
             return provider.client.open_stream(upstream.body)
 
-        attempt, stream = await self._routed(body, send, session)
+        attempt, stream = await self.routed(body, send, session)
         return self.converter(body, attempt), stream
 
     async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
@@ -352,7 +352,7 @@ class MessagesService:
                 return provider.client.respond(upstream.body)
             return provider.client.complete(upstream.body)
 
-        attempt, answer = await self._routed(body, send, session)
+        attempt, answer = await self.routed(body, send, session)
         chunks: Iterator[dict[str, Any]] = (
             responses.response_events(answer) if attempt.upstream.api == "responses"
             else chat_completions.buffered_chunks(answer))

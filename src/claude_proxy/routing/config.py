@@ -160,7 +160,7 @@ def _provider(path: Path, name: str, table: dict[str, Any],
         values.update(_env_file_values(path, where, Path(str(env_file))))
     values.update({key.lower(): value for key, value in table.items() if key != "env_file"})
     values.setdefault("max_retries", FILE_PROVIDER_RETRIES)
-    values = {key: _resolve_secret(path, where, key, value, environ)
+    values = {key: resolve_secret(path, where, key, value, environ)
               for key, value in values.items()}
     values["tool_groups_disabled"] = _pop_prefixed(values, TOOL_GROUPS_DISABLED)
     values["tool_group_patterns"] = _pop_prefixed(values, TOOL_GROUP)
@@ -192,7 +192,7 @@ def _env_file_values(path: Path, where: str, env_file: Path) -> dict[str, Any]:
     return values
 
 
-def _resolve_secret(path: Path, where: str, key: str, value: Any,
+def resolve_secret(path: Path, where: str, key: str, value: Any,
                     environ: Mapping[str, str]) -> Any:
     """`"env:NAME"` → the value of the environment variable NAME, which must be set."""
     if not isinstance(value, str) or not value.startswith(SECRET_FROM_ENV):

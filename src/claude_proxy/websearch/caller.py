@@ -55,7 +55,7 @@ class ServiceCaller:
             return await provider.client.complete({**raw, **fields})
 
         service = self.service
-        attempt, answer = await service._routed(body, send, None)
+        attempt, answer = await service.routed(body, send, None)
         chunks = (responses.response_events(answer) if attempt.upstream.api == "responses"
                   else chat_completions.buffered_chunks(answer))
         message = collect_message(convert_chunks(chunks, service.converter(body, attempt)))

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from claude_proxy.config import SearchSettings
-from claude_proxy.routing.config import ConfigurationError, ProxyConfig, _resolve_secret
+from claude_proxy.routing.config import ConfigurationError, ProxyConfig, resolve_secret
 from claude_proxy.websearch.backends import KEYED_BACKENDS
 
 PREFIX = "web_search_"
@@ -26,7 +26,7 @@ def with_search_table(config: ProxyConfig,
     table = config.tables.get("web_search") or {}
     if table:
         path = Path(config.source)
-        values = {PREFIX + key.lower(): _resolve_secret(
+        values = {PREFIX + key.lower(): resolve_secret(
             path, TABLE, key, value, os.environ if environ is None else environ)
             for key, value in table.items()}
         try:
