@@ -23,14 +23,15 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         """Exponential backoff with jitter, or the upstream's `retry-after` (capped)."""
-        hinted = _parse_retry_after(retry_after)
+        hinted = parse_retry_after(retry_after)
         if hinted is not None:
             return min(hinted, MAX_RETRY_AFTER_SECONDS)
         backoff: float = min(self.base_delay * 2.0**attempt, self.max_delay)
         return backoff * (1 - 0.25 * random.random())
 
 
-def _parse_retry_after(value: str | None) -> float | None:
+def parse_retry_after(value: str | None) -> float | None:
+    """A `retry-after` header in seconds (None when absent, malformed or negative)."""
     if value is None:
         return None
     try:

@@ -37,6 +37,7 @@ from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
+from claude_proxy.retry import parse_retry_after
 from claude_proxy.routing.config import ProxyConfig
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.router import Candidate, Router
@@ -246,7 +247,8 @@ class MessagesService:
             logger.warning("provider %s refused its credential (%d %s): check its key",
                            provider.name, error.status, error.message)
         else:
-            provider.health.record_failure(error.message, _retry_after(error))
+            provider.health.record_failure(error.message,
+                                           parse_retry_after(error.headers.get("retry-after")))
         walk.failures.append((candidate, error))
         self._count(candidate, "failed_over" if walk.queue else "error")
         if walk.queue:
@@ -380,11 +382,3 @@ async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) ->
         raise
     mark("first upstream byte", provider.name)
     return answer
-
-
-def _retry_after(error: ProxyError) -> float | None:
-    value = error.headers.get("retry-after")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
