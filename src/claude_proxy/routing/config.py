@@ -34,6 +34,7 @@ from claude_proxy.config import (
     Settings,
     scan_prefixed,
 )
+from claude_proxy.routing.model_facts import FACT_KEYS, ModelTable
 
 logger = logging.getLogger("claude_proxy.config")
 
@@ -106,6 +107,8 @@ class ProxyConfig:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other tables of the config file (e.g. `[web_search]`), as written."""
     source: str = "environment"
+    models: ModelTable = field(default_factory=ModelTable)
+    """What is known of each provider's models: windows, output limits, prices."""
 
     @property
     def first_provider(self) -> str:
@@ -121,7 +124,10 @@ class ProxyConfig:
 
 def single_provider_config(settings: Settings) -> ProxyConfig:
     """The environment's one provider, named after its profile (PROVIDER or the URL's)."""
-    return ProxyConfig(settings, {settings.provider_name: settings})
+    name = settings.provider_name
+    models = ModelTable().with_provider(name, name, {"context_window": settings.context_window},
+                                        {}, "CONTEXT_WINDOW")
+    return ProxyConfig(settings, {name: settings}, models=models)
 
 
 def load_config_file(path: Path, settings: Settings,
@@ -140,13 +146,39 @@ def load_config_file(path: Path, settings: Settings,
         raise ConfigurationError(_validation_message(path, "", exc)) from None
     if not shape.providers:
         raise ConfigurationError(f"{path}: no [providers.NAME] table")
-    providers = {name: _provider(path, name, table, environ)
-                 for name, table in shape.providers.items()}
+    providers: dict[str, ProviderSettings] = {}
+    models = ModelTable()
+    for name, table in shape.providers.items():
+        facts, per_model = _model_tables(path, name, table)
+        providers[name] = _provider(path, name, table, environ)
+        models = models.with_provider(name, providers[name].provider_name, facts, per_model,
+                                      f"[providers.{name}]")
     config = ProxyConfig(settings, providers, shape.router,
                          {"web_search": shape.web_search} if shape.web_search else {},
-                         source=str(path))
+                         source=str(path), models=models)
     _check_routes(path, config)
     return config
+
+
+def _model_tables(path: Path, name: str, table: dict[str, Any],
+                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Takes the per-model keys (FACT_KEYS) and `models` sub-tables out of a provider table."""
+    where = f"[providers.{name}]"
+    facts = {key: table.pop(key) for key in FACT_KEYS if key in table}
+    models = table.pop("models", {})
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ConfigurationError(
+            f'{path}: {where} models: expected [providers.{name}.models."MODEL"] tables')
+    for model, values in [("", facts), *models.items()]:
+        label = f'{where[:-1]}.models."{model}"]' if model else where
+        unknown = sorted(set(values) - set(FACT_KEYS))
+        if unknown:
+            raise ConfigurationError(f"{path}: {label} {unknown[0]}: not a model setting "
+                                     f"(one of {', '.join(FACT_KEYS)})")
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigurationError(f"{path}: {label} {key}: expected a number >= 0")
+    return facts, models
 
 
 def _provider(path: Path, name: str, table: dict[str, Any],

@@ -1,0 +1,95 @@
+"""The in-process store: today's behaviour, the default, and the fallback when Redis fails.
+
+State lives in this process only: with several workers or replicas each keeps its own (and
+says so where shown). Expiry is checked on read; bounded logs are deques.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from claude_proxy.state.store import Record, StateStore
+
+
+class LocalStore(StateStore):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counters: dict[str, float] = {}
+        self._records: dict[str, Record] = {}
+        self._expiry: dict[str, float] = {}
+        self._logs: dict[str, deque[Record]] = {}
+
+    def _expired(self, key: str) -> bool:
+        until = self._expiry.get(key)
+        if until is None or self.clock() < until:
+            return False
+        self._counters.pop(key, None)
+        self._records.pop(key, None)
+        self._expiry.pop(key, None)
+        return True
+
+    def _set_expiry(self, key: str, ttl: float | None) -> None:
+        if ttl is not None:
+            self._expiry[key] = self.clock() + ttl
+
+    def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
+        with self._lock:
+            self._expired(key)
+            fresh = key not in self._counters
+            self._counters[key] = self._counters.get(key, 0.0) + amount
+            if fresh or ttl is not None:
+                self._set_expiry(key, ttl)
+
+    def total(self, key: str) -> float:
+        with self._lock:
+            if self._expired(key):
+                return 0.0
+            return self._counters.get(key, 0.0)
+
+    def put(self, key: str, value: Record, ttl: float | None = None) -> None:
+        with self._lock:
+            self._records[key] = copy.deepcopy(value)
+            self._expiry.pop(key, None)
+            self._set_expiry(key, ttl)
+
+    def get(self, key: str) -> Record | None:
+        with self._lock:
+            if self._expired(key):
+                return None
+            value = self._records.get(key)
+            return copy.deepcopy(value) if value is not None else None
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._counters.pop(key, None)
+            self._records.pop(key, None)
+            self._expiry.pop(key, None)
+
+    def append(self, log: str, entry: Record, maxlen: int) -> None:
+        with self._lock:
+            entries = self._logs.get(log)
+            if entries is None or entries.maxlen != maxlen:
+                entries = self._logs[log] = deque(entries or (), maxlen=maxlen)
+            entries.append(entry)
+
+    async def read_log(self, log: str, count: int) -> list[Record]:
+        with self._lock:
+            entries = list(self._logs.get(log, ()))
+        return entries[-count:] if count > 0 else []
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        with self._lock:
+            if not self._expired(key) and key in self._records:
+                return False
+            self._records[key] = {"claimed": True}
+            self._expiry[key] = self.clock() + ttl
+            return True
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "in-process", "state": "ok", "shared": False}

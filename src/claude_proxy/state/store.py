@@ -1,0 +1,73 @@
+"""The few storage operations the features need, and nothing more.
+
+Features keep their own logic (health decides when a provider cools down; keys decide when a
+budget is spent) and ask the store only to keep numbers and records:
+- counters (`add` / `total`): floats that accumulate, each key with an optional expiry;
+- small records (`put` / `get` / `delete`): a JSON-able dict per key with an optional expiry;
+- bounded logs (`append` / `read_log`): newest entries kept, oldest dropped past `maxlen`;
+- `claim`: a compare-and-set, true for exactly one caller in the fleet until it expires.
+
+Reads on the hot path (`total`, `get`) are synchronous and served from a local copy (for a
+shared backend, at most about a second old); writes (`add`, `put`, `append`, `delete`) return
+at once and reach a shared backend off the response's critical path. A shared backend that is
+slow or gone never fails a call: it falls back to in-process state (fail open) and says so in
+`describe()`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+Record = dict[str, Any]
+
+
+class StateStore(ABC):
+    """Storage for what the fleet learns; see the module docstring for the contract."""
+
+    @abstractmethod
+    def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
+        """Adds `amount` to the counter `key` (created at 0); `ttl` seconds sets its expiry."""
+
+    @abstractmethod
+    def total(self, key: str) -> float:
+        """The counter's value (0.0 when unknown or expired)."""
+
+    @abstractmethod
+    def put(self, key: str, value: Record, ttl: float | None = None) -> None:
+        """Stores a record, replacing any earlier one."""
+
+    @abstractmethod
+    def get(self, key: str) -> Record | None:
+        """The record, or None when unknown or expired."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Forgets a record or a counter."""
+
+    @abstractmethod
+    def append(self, log: str, entry: Record, maxlen: int) -> None:
+        """Adds an entry to a bounded log (the oldest dropped past about `maxlen`)."""
+
+    @abstractmethod
+    async def read_log(self, log: str, count: int) -> list[Record]:
+        """The newest `count` entries of a log, oldest first."""
+
+    @abstractmethod
+    async def claim(self, key: str, ttl: float) -> bool:
+        """True for exactly one caller (fleet-wide for a shared backend) until `ttl` seconds
+        pass or the key is deleted: e.g. "I send the half-open probe"."""
+
+    async def start(self) -> None:
+        """Connects (a shared backend); never raises: an unreachable one starts degraded."""
+        return None
+
+    async def close(self) -> None:
+        """Flushes pending writes and disconnects."""
+        return None
+
+    @abstractmethod
+    def describe(self) -> Record:
+        """What `/health?detail=1`, the dashboard and doctor show, e.g. {"backend":
+        "in-process"} or {"backend": "redis", "state": "ok", "rtt_ms": 0.4}; never a
+        password."""
