@@ -37,6 +37,8 @@ from claude_proxy.routing.config import ProxyConfig, single_provider_config
 from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
+from claude_proxy.state.local import LocalStore
+from claude_proxy.state.store import StateStore
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
@@ -104,11 +106,14 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     metrics = Metrics()
     started = datetime.now(UTC)
+    store: StateStore = LocalStore()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         providers = build_providers(config, transport, on_retry=metrics.count_retry)
-        app.state.service = MessagesService(config, providers, signer, metrics)
+        app.state.store = store
+        await store.start()
+        app.state.service = MessagesService(config, providers, signer, metrics, store)
         backend = SearchBackend(settings) if settings.web_search_backend else None
         app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
                                       signer, metrics)
@@ -119,6 +124,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
                 await provider.client.aclose()
             if backend is not None:
                 await backend.aclose()
+            await store.close()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

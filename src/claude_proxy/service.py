@@ -42,6 +42,8 @@ from claude_proxy.routing.config import ProxyConfig
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.router import Candidate, Router
 from claude_proxy.routing.sessions import SessionSizes
+from claude_proxy.state.local import LocalStore
+from claude_proxy.state.store import StateStore
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 from claude_proxy.upstreams import chat_completions, responses
@@ -116,8 +118,11 @@ class _Walk:
 
 class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
-                 signer: ThinkingSigner, metrics: Metrics) -> None:
+                 signer: ThinkingSigner, metrics: Metrics,
+                 store: StateStore | None = None) -> None:
         self.config = config
+        self.store = store or LocalStore()
+        """What this request path learns for the fleet (state/): one instance per process."""
         self.providers = providers
         self.router = Router({name: p.settings for name, p in providers.items()}, config.router)
         self.signer = signer

@@ -48,7 +48,18 @@ class ModelFacts:
 BuiltIn = Mapping[tuple[str, str], Mapping[str, Any]]
 """(profile name, model id) → figures; each entry's source and date in a comment beside it."""
 
-BUILT_IN: dict[tuple[str, str], dict[str, Any]] = {}
+
+def _built_in() -> dict[tuple[str, str], dict[str, Any]]:
+    """The bundled profiles' figures: windows and output limits (routing/windows.py) and
+    prices (routing/prices.py), kept apart because they change for different reasons."""
+    from claude_proxy.routing.prices import BUILT_IN_PRICES
+    from claude_proxy.routing.windows import BUILT_IN_WINDOWS
+
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for table in (BUILT_IN_WINDOWS, BUILT_IN_PRICES):
+        for key, values in table.items():
+            merged.setdefault(key, {}).update(values)
+    return merged
 
 
 def facts_from(values: Mapping[str, Any], source: str) -> ModelFacts:
@@ -85,7 +96,7 @@ class ModelTable:
     profiles: dict[str, str] = field(default_factory=dict)
     """provider name → its profile name (for the built-in figures)."""
     discovered: dict[tuple[str, str], ModelFacts] = field(default_factory=dict)
-    built_in: BuiltIn = field(default_factory=lambda: BUILT_IN)
+    built_in: BuiltIn = field(default_factory=_built_in)
 
     def facts(self, provider: str, model: str) -> ModelFacts:
         """Everything known of `model` served by `provider`, with where each figure came from."""
