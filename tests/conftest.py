@@ -25,6 +25,9 @@ from tests.search_backend import SearchBackendServer
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 CLIENT_KEY = "sk-ant-client-secret-0123456789"
+TEAM_KEYS = {name: f"sk-cp-{name}-secret-0123456789abcdef" for name in
+             ("alice", "bob", "carol", "dave", "erin")}
+"""Team keys of tests/test_keys.py: neither they nor their SHA-256 may appear anywhere."""
 FIXTURES = Path(__file__).parent / "data" / "fixtures"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.conftest import CLIENT_KEY, UPSTREAM_KEY, SuiteRecord
+import hashlib
+
+from tests.conftest import CLIENT_KEY, TEAM_KEYS, UPSTREAM_KEY, SuiteRecord
 
 
 def test_no_secret_in_any_response_or_log_line() -> None:
@@ -11,6 +13,8 @@ def test_no_secret_in_any_response_or_log_line() -> None:
     assert "extra_json" in log and "SSE outbound" in log, "the suite logged at DEBUG"
     responses = b"".join(SuiteRecord.responses)
     assert len(SuiteRecord.responses) > 100, "the responses of the suite were recorded"
-    for secret in (UPSTREAM_KEY, CLIENT_KEY):
+    team = [*TEAM_KEYS.values()]
+    hashes = [hashlib.sha256(key.encode()).hexdigest() for key in team]
+    for secret in (UPSTREAM_KEY, CLIENT_KEY, *team, *hashes):
         assert secret not in log
         assert secret.encode() not in responses

@@ -42,6 +42,15 @@ class RequestRecord:
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None
     tokens: dict[str, int] = field(default_factory=dict)
+    key: str = "-"
+    """The configured name of the client's key (`admin` for ANTHROPIC_API_KEY); "-" without
+    `[keys]`. Never the key."""
+    session: str | None = None
+    """Claude Code's `x-claude-code-session-id`."""
+    agent: str | None = None
+    """Claude Code's `x-claude-code-agent-id` (a subagent)."""
+    cost: float | None = None
+    """USD, from the upstream's usage and the model's prices (spend.py); None when unpriced."""
 
     # What the dashboard's inspector shows. Everything is kept by reference, never copied,
     # so recording costs one list append per client write while a response streams.
@@ -65,11 +74,13 @@ class RequestRecord:
         tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}" for kind in TOKEN_KINDS)
         failover = ("failover=" + "->".join([*self.failover, self.provider]) + " "
                     if self.failover else "")
-        return (f"request_id={self.request_id} {self.method} {self.path} "
+        who = f"key={self.key} " if self.key != "-" else ""
+        cost = f" cost_usd={self.cost:.6f}" if self.cost is not None else ""
+        return (f"request_id={self.request_id} {self.method} {self.path} {who}"
                 f"provider={self.provider} route={self.route} {failover}"
                 f"model={self.client_model}->{self.upstream_model} status={self.status} "
                 f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
-                f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}")
+                f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}{cost}")
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("claude_proxy_request", default=None)
@@ -99,14 +110,22 @@ def new_request_id() -> str:
     return f"req_{random.getrandbits(96):024x}"
 
 
+class Charger(Protocol):
+    """Told of every finished request before it is logged (spend.py's ledger)."""
+
+    def charge(self, record: RequestRecord) -> None: ...
+
+
 class AccessLogMiddleware:
     """Pure ASGI, so streaming bodies pass straight through."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics,
-                 observer: RecordObserver | None = None) -> None:
+                 observer: RecordObserver | None = None,
+                 charger: Charger | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.observer = observer
+        self.charger = charger
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -135,6 +154,11 @@ class AccessLogMiddleware:
 
     def _finish(self, record: RequestRecord) -> None:
         finished = time.perf_counter()
+        if self.charger is not None:
+            try:
+                self.charger.charge(record)
+            except Exception:  # accounting must never fail a request's clean-up
+                logger.exception("charging request %s failed", record.request_id)
         if record.path in QUIET_PATHS:
             logger.debug(record.line(finished))
             return

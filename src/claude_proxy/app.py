@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,10 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.access import AccessLogMiddleware, current_record
 from claude_proxy.auth import key_matches, presented_keys
+from claude_proxy.budget import Clock, Gate
 from claude_proxy.config import Settings
 from claude_proxy.conversion.fields import screen_request
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.keys import Identity, KeyRing
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
 from claude_proxy.metrics import Metrics
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
@@ -37,11 +41,13 @@ from claude_proxy.routing.config import ProxyConfig, single_provider_config
 from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
+from claude_proxy.spend import AGENT_HEADER, Ledger
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
+from claude_proxy.usage import usage_router
 from claude_proxy.websearch.backends import SearchBackend
 from claude_proxy.websearch.caller import ServiceCaller
 from claude_proxy.websearch.flow import SearchFlow, is_search_request
@@ -98,8 +104,9 @@ def _too_large(limit: int) -> ProxyError:
 
 
 def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
-               config: ProxyConfig | None = None) -> FastAPI:
-    """The application for `config` (default: the one provider `settings` describe)."""
+               config: ProxyConfig | None = None, clock: Clock = time.time) -> FastAPI:
+    """The application for `config` (default: the one provider `settings` describe).
+    `clock`: wall-clock time for budget periods and rate limits (a fake one in tests)."""
     config = config or single_provider_config(settings)
     secret = settings.thinking_signature_secret
     signer = ThinkingSigner(secret.get_secret_value() if secret else None)
@@ -107,13 +114,29 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     metrics = Metrics()
     started = datetime.now(UTC)
     store: StateStore = LocalStore()
+    keyring = KeyRing(config.keys, _admin_key(settings)) if config.keys else None
+    ledger = Ledger(keyring, config.models, store, metrics, clock) if keyring else None
+    gate = Gate(store, clock)
+
+    def identify(request: Request) -> Identity:
+        """Who is calling: without `[keys]`, the one client key of old (if any)."""
+        if keyring is None:
+            check_client_key(request, settings)
+            return Identity("-")
+        identity = keyring.identify(request.headers)
+        if identity is None:
+            raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
+        current_record().key = identity.name  # the access line names the key
+        return identity
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         providers = build_providers(config, transport, on_retry=metrics.count_retry)
         app.state.store = store
         await store.start()
-        app.state.service = MessagesService(config, providers, signer, metrics, store)
+        if ledger is not None:
+            open_usage_log(ledger, config)
+        app.state.service = MessagesService(config, providers, signer, metrics, store, keyring)
         backend = SearchBackend(settings) if settings.web_search_backend else None
         app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
                                       signer, metrics)
@@ -124,13 +147,15 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
                 await provider.client.aclose()
             if backend is not None:
                 await backend.aclose()
+            if ledger is not None:
+                ledger.log.close()
             await store.close()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     recorder = dashboard_recorder(app, config)
     app.state.recorder = recorder
-    app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder)
+    app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder, charger=ledger)
     _install_error_handlers(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -150,14 +175,14 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        check_client_key(request, settings)
+        identify(request)
         service: MessagesService = request.app.state.service
         return json_response(models_page(model_ids(service.router, service.providers),
                                          started))
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> Response:
-        check_client_key(request, settings)
+        identify(request)
         service: MessagesService = request.app.state.service
         if model_id not in model_ids(service.router, service.providers):
             raise ProxyError(404, f"model {model_id!r} not found")
@@ -171,7 +196,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
-        check_client_key(request, settings)
+        identify(request)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(CountTokensRequest, payload)
         screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
@@ -179,10 +204,14 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
-        check_client_key(request, settings)
+        identity = identify(request)
+        record = current_record()
+        record.session = request.headers.get(SESSION_HEADER)
+        record.agent = request.headers.get(AGENT_HEADER)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
         screen_request(body, request.headers.get("anthropic-beta"))
+        gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
         service: MessagesService = request.app.state.service
         deadline = asyncio.get_running_loop().time() + settings.total_timeout
         if is_search_request(body):
@@ -191,7 +220,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         if body.get("stream"):
             converter, stream = await before_first_byte(
                 request, service.open_stream(body, session), deadline)
-            record = current_record()
 
             async def finish() -> None:
                 await stream.aclose()
@@ -202,10 +230,35 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(await before_first_byte(request, service.create(body, session),
                                                      deadline))
 
+    if ledger is not None:
+        app.include_router(usage_router(ledger, identify))
     if recorder is not None:
         # After the API's routes: every request is matched against the routes in order.
         app.include_router(dashboard_router(settings, recorder))
     return app
+
+
+def _admin_key(settings: Settings) -> str | None:
+    key = settings.anthropic_api_key
+    return key.get_secret_value() if key is not None else None
+
+
+def open_usage_log(ledger: Ledger, config: ProxyConfig) -> None:
+    """Without a shared store, usage goes to the SQLite file of DATA_DIR, and each key's
+    spend of its current period is read back from it (a restart keeps the spend)."""
+    if ledger.store.describe().get("backend") != "in-process":
+        return
+    from claude_proxy.state.durable import SqliteUsageLog
+
+    ledger.log = SqliteUsageLog(data_dir(config))
+    ledger.restore()
+
+
+def data_dir(config: ProxyConfig) -> Path:
+    """DATA_DIR, else `data/` beside the config file."""
+    if config.settings.data_dir:
+        return Path(config.settings.data_dir)
+    return Path(config.source).resolve().parent / "data"
 
 
 async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:

@@ -3,6 +3,7 @@
     claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
                          [--workers N]
     claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE]
+    claude-proxy keys new NAME | usage [...] | statusline   (keys_cli.py)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from claude_proxy import __version__
+from claude_proxy import __version__, keys_cli
 from claude_proxy.app import create_app
 from claude_proxy.config import ProviderSettings, Settings, load_settings
 from claude_proxy.logs import configure_logging
@@ -222,6 +223,9 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in keys_cli.COMMANDS:
+        return keys_cli.main(argv)
     args = build_parser().parse_args(argv)
     env_file = env_file_of(args)
     try:

@@ -341,6 +341,10 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     thinking_signature_secret: SecretStr | None = None
 
+    data_dir: str | None = None
+    """DATA_DIR: where spend is kept across restarts without Redis (SQLite; default a
+    `data/` folder beside the config file, created with mode 0700). Only used with `[keys]`."""
+
     ui_enabled: bool = True
     """The dashboard at /ui (ui/)."""
     inspect_requests: int = Field(default=50, ge=0, le=10_000)

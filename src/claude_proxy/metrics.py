@@ -82,6 +82,9 @@ class Metrics:
                                     "Web searches by backend (or native:<provider>) and "
                                     "outcome (ok, empty or the Anthropic error code)",
                                     ["backend", "outcome"], registry=registry)
+        self.cost = Counter("claude_proxy_cost_usd", "Spend in USD by key name (never the "
+                            "key), provider and upstream model", ["key", "provider", "model"],
+                            registry=registry)
         self.active_streams = Gauge("claude_proxy_active_streams",
                                     "Streaming responses in progress", registry=registry,
                                     multiprocess_mode="livesum")

@@ -36,6 +36,7 @@ from claude_proxy.conversion.response_converter import (
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError, context_overflow
+from claude_proxy.keys import KeyRing
 from claude_proxy.metrics import Metrics
 from claude_proxy.retry import parse_retry_after
 from claude_proxy.routing.config import ProxyConfig
@@ -119,8 +120,10 @@ class _Walk:
 class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
                  signer: ThinkingSigner, metrics: Metrics,
-                 store: StateStore | None = None) -> None:
+                 store: StateStore | None = None, keys: KeyRing | None = None) -> None:
         self.config = config
+        self.keys = keys
+        """The `[keys]` (None without): what each key may be routed to."""
         self.store = store or LocalStore()
         """What this request path learns for the fleet (state/): one instance per process."""
         self.providers = providers
@@ -210,8 +213,8 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
-        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
-                     self.providers)
+        walk = _Walk(self.permitted(self.router.candidates(
+            body, estimate, self.sessions.previous(session))), self.providers)
         cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
@@ -241,7 +244,7 @@ class MessagesService:
             self._count(candidate, "error")
             overflow = context_overflow(error, estimate)
             assert overflow is not None
-            if not walk.reroute(self.router.route("long_context"), candidate):
+            if not walk.reroute(self.permitted(self.router.route("long_context")), candidate):
                 raise overflow
             logger.info("context overflow on %s,%s; trying the long_context route",
                         candidate.provider, candidate.model)
@@ -286,6 +289,24 @@ class MessagesService:
                               headers={"retry-after": str(seconds)})
         return ProxyError(529, f"every provider failed ({summary})",
                           error_type="overloaded_error")
+
+    def permitted(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The candidates the request's key may use: its providers and routes, and for a key
+        with a budget only priced models (403 naming why when none is left)."""
+        spec = self.keys.spec(current_record().key) if self.keys is not None else None
+        if spec is None:
+            return candidates
+        allowed = [c for c in candidates if spec.may_use(c.provider, c.route)]
+        if spec.budget_usd is not None:
+            allowed = [c for c in allowed
+                       if self.config.models.facts(c.provider, c.model).priced]
+        if candidates and not allowed:
+            tried = ", ".join(f"{c.provider},{c.model} ({c.route})" for c in candidates)
+            raise ProxyError(403, f"key {spec.name} may not use {tried}"
+                             + (" (a key with a budget uses priced models only)"
+                                if spec.budget_usd is not None else ""),
+                             error_type="permission_error")
+        return allowed
 
     def _note_route(self, record: RequestRecord, candidate: Candidate, walk: _Walk) -> None:
         """The candidate being tried, and the providers that failed before it."""

@@ -34,6 +34,7 @@ from claude_proxy.config import (
     Settings,
     scan_prefixed,
 )
+from claude_proxy.keys import KeySpec, KeyTableError, parse_keys
 from claude_proxy.routing.model_facts import FACT_KEYS, ModelTable
 
 logger = logging.getLogger("claude_proxy.config")
@@ -85,6 +86,7 @@ class ConfigFile(BaseSettings):
     providers: dict[str, dict[str, Any]]
     router: RouterSettings | None = None
     web_search: dict[str, Any] | None = None
+    keys: dict[str, Any] | None = None
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings],
@@ -109,6 +111,10 @@ class ProxyConfig:
     source: str = "environment"
     models: ModelTable = field(default_factory=ModelTable)
     """What is known of each provider's models: windows, output limits, prices."""
+    keys: dict[str, KeySpec] = field(default_factory=dict)
+    """The `[keys.NAME]` tables (keys.py); empty: the single client key of old."""
+    key_secrets: tuple[str, ...] = ()
+    """The keys read from the environment for `[keys]`, only for log redaction."""
 
     @property
     def first_provider(self) -> str:
@@ -119,6 +125,7 @@ class ProxyConfig:
         values = self.settings.process_secrets()
         for provider in self.providers.values():
             values.extend(provider.upstream_secrets())
+        values.extend(self.key_secrets)
         return values
 
 
@@ -153,11 +160,43 @@ def load_config_file(path: Path, settings: Settings,
         providers[name] = _provider(path, name, table, environ)
         models = models.with_provider(name, providers[name].provider_name, facts, per_model,
                                       f"[providers.{name}]")
+    try:
+        keys, key_secrets = parse_keys(shape.keys or {}, environ)
+    except KeyTableError as exc:
+        raise ConfigurationError(f"{path}: {exc}") from None
     config = ProxyConfig(settings, providers, shape.router,
                          {"web_search": shape.web_search} if shape.web_search else {},
-                         source=str(path), models=models)
+                         source=str(path), models=models, keys=keys,
+                         key_secrets=tuple(key_secrets))
     _check_routes(path, config)
+    _check_keys(path, config)
     return config
+
+
+def _check_keys(path: Path, config: ProxyConfig) -> None:
+    """Every key names configured providers and routes, and a key with a budget reaches
+    only priced models (its spend could not be counted otherwise)."""
+    from claude_proxy.routing.reach import reachable
+
+    routes = (*ROUTE_NAMES, "fallback", "explicit")
+    for spec in config.keys.values():
+        where = f"[keys.{spec.name}]"
+        for name in spec.providers or ():
+            if name not in config.providers:
+                raise ConfigurationError(f"{path}: {where} providers: unknown provider "
+                                         f"{name!r} (configured: {', '.join(config.providers)})")
+        for name in spec.routes or ():
+            if name not in routes:
+                raise ConfigurationError(f"{path}: {where} routes: unknown route {name!r} "
+                                         f"(one of {', '.join(routes)})")
+        if spec.budget_usd is None:
+            continue
+        for provider, model in reachable(config, spec):
+            if not config.models.facts(provider, model).priced:
+                raise ConfigurationError(
+                    f"{path}: {where} has a budget, but model {model!r} of provider "
+                    f"{provider!r} has no price: set price_input and price_output in "
+                    f"[providers.{provider}.models.\"{model}\"]")
 
 
 def _model_tables(path: Path, name: str, table: dict[str, Any],

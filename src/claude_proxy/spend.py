@@ -1,0 +1,157 @@
+"""What each request cost, from the upstream's real usage, and whose spend it is.
+
+The access middleware hands every finished Messages request's record to the ledger (after the
+response is sent, so nothing here is on its critical path). The record's tokens are the
+upstream's usage of the attempt that answered: streamed or not, and for a client that left
+mid-stream, the usage the upstream sent or else the converter's estimate of the output so far.
+Attempts that failed before their first byte answered an error, which upstreams do not bill.
+
+Cost = input × price_input + output × price_output + cache reads × price_cache_read + cache
+writes × price_cache_write, per million tokens (cache prices default to the input price). The
+ledger adds it to the key's period counter and today's counter in the state store, adds the
+tokens to the minute's tpm counter, and writes one usage entry to the usage log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from claude_proxy.access import RequestRecord
+from claude_proxy.budget import Clock, minute_counter, period_bounds, spend_counter
+from claude_proxy.keys import ADMIN, KeyRing, KeySpec, Period
+from claude_proxy.metrics import Metrics
+from claude_proxy.routing.model_facts import ModelFacts, ModelTable
+from claude_proxy.state.store import Record, StateStore
+
+logger = logging.getLogger("claude_proxy.spend")
+
+AGENT_HEADER = "x-claude-code-agent-id"
+"""Claude Code's subagent id, recorded beside the session id."""
+CHARGED_PATHS = frozenset({"/v1/messages"})
+ADMIN_PERIOD: Period = "month"
+USAGE_FIELDS = ("input", "output", "cache_read", "cache_write")
+"""The token kinds of a usage entry (the access record's names)."""
+
+
+def cost_usd(facts: ModelFacts, tokens: dict[str, int]) -> float | None:
+    """The request's price in dollars, or None when the model has no price."""
+    if facts.price_input is None or facts.price_output is None:
+        return None
+    read = facts.price_cache_read if facts.price_cache_read is not None else facts.price_input
+    write = (facts.price_cache_write if facts.price_cache_write is not None
+             else facts.price_input)
+    return (tokens.get("input", 0) * facts.price_input
+            + tokens.get("output", 0) * facts.price_output
+            + tokens.get("cache_read", 0) * read
+            + tokens.get("cache_write", 0) * write) / 1e6
+
+
+class UsageLog(Protocol):
+    """Where usage entries are kept for `/v1/usage`: the state store's log (shared), or the
+    SQLite file of DATA_DIR (one process, kept across restarts)."""
+
+    def record(self, entry: Record) -> None: ...
+
+    async def entries(self, since: float, until: float) -> list[Record]: ...
+
+    def spent(self, key: str, since: float) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class StoreUsageLog:
+    """Usage entries in the state store's bounded log (fleet-wide with Redis)."""
+
+    LOG = "usage"
+    MAXLEN = 100_000
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def record(self, entry: Record) -> None:
+        self.store.append(self.LOG, entry, self.MAXLEN)
+
+    async def entries(self, since: float, until: float) -> list[Record]:
+        return [entry for entry in await self.store.read_log(self.LOG, self.MAXLEN)
+                if since <= float(entry.get("ts", 0)) < until]
+
+    def spent(self, key: str, since: float) -> float:
+        return 0.0  # a shared store keeps its counters itself
+
+    def close(self) -> None:
+        return None
+
+
+class Ledger:
+    """Charges finished requests to their key (see the module docstring)."""
+
+    def __init__(self, keys: KeyRing, models: ModelTable, store: StateStore,
+                 metrics: Metrics, clock: Clock) -> None:
+        self.keys = keys
+        self.models = models
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.log: UsageLog = StoreUsageLog(store)
+
+    def period_of(self, name: str) -> Period:
+        spec = self.keys.spec(name)
+        return spec.budget_period if spec is not None else ADMIN_PERIOD
+
+    def charge(self, record: RequestRecord) -> None:
+        """One finished request: its cost on the record (for the access line and dashboard),
+        the key's counters, the metric, and the usage entry."""
+        if record.path not in CHARGED_PATHS or record.key == "-" or not record.tokens:
+            return
+        facts = self.models.facts(record.provider, record.upstream_model)
+        cost = cost_usd(facts, record.tokens)
+        record.cost = cost
+        now = self.clock()
+        amount = cost or 0.0
+        self._count(record.key, amount, now)
+        spec = self.keys.spec(record.key)
+        if spec is not None and spec.tpm is not None:
+            counter, ttl = minute_counter("tpm", spec.name, now)
+            self.store.add(counter, float(sum(record.tokens.get(k, 0) for k in USAGE_FIELDS)),
+                           ttl)
+        if amount:
+            self.metrics.cost.labels(record.key, record.provider,
+                                     record.upstream_model).inc(amount)
+        self.log.record(usage_entry(record, now, amount))
+
+    def _count(self, name: str, amount: float, now: float) -> None:
+        period = self.period_of(name)
+        for counted in {period, "day"}:
+            counter, ttl = spend_counter(name, counted, now)
+            self.store.add(counter, amount, ttl)
+
+    def restore(self) -> None:
+        """Each key's spend of its current period and of today, from the usage log (SQLite,
+        at start without a shared store): the counters survive a restart."""
+        now = self.clock()
+        for name in [*self.keys.keys, ADMIN]:
+            for period in {self.period_of(name), "day"}:
+                start, _ = period_bounds(period, now)
+                spent = self.log.spent(name, start.timestamp())
+                if spent:
+                    counter, ttl = spend_counter(name, period, now)
+                    self.store.add(counter, spent, ttl)
+
+    def today(self, name: str) -> float:
+        return self.store.total(spend_counter(name, "day", self.clock())[0])
+
+    def in_period(self, spec: KeySpec | None, name: str) -> float:
+        period = spec.budget_period if spec is not None else ADMIN_PERIOD
+        return self.store.total(spend_counter(name, period, self.clock())[0])
+
+
+def usage_entry(record: RequestRecord, now: float, cost: float) -> Record:
+    """What `/v1/usage` adds up: names and numbers, never a key or its hash."""
+    entry: dict[str, Any] = {"ts": now, "key": record.key, "provider": record.provider,
+                             "model": record.upstream_model, "route": record.route,
+                             "session": record.session, "agent": record.agent,
+                             "cost_usd": cost}
+    for kind in USAGE_FIELDS:
+        entry[kind] = record.tokens.get(kind, 0)
+    return entry

@@ -1,0 +1,469 @@
+"""Team keys: spend per key from the upstream's usage, budgets, rate limits, usage answers.
+
+Real proxies (uvicorn on loopback) built from a config file with `[keys.NAME]` tables, in
+front of the scripted upstream; the budget clock is a fake one the tests move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from claude_proxy.app import create_app
+from claude_proxy.config import Settings
+from claude_proxy.routing.config import ConfigurationError, load_config_file
+from claude_proxy.tokens import estimate_request_tokens
+from tests.conftest import (
+    CLIENT_KEY,
+    TEAM_KEYS,
+    UPSTREAM_KEY,
+    ProxyServer,
+    RecordingApp,
+    SuiteRecord,
+    eventually,
+    serving,
+)
+from tests.scripted_upstream import (
+    Reply,
+    ScriptedUpstream,
+    bind_loopback,
+    chunk,
+    completion,
+    serve_in_thread,
+    stop_server,
+    text_stream,
+)
+
+NOON = datetime(2026, 11, 25, 12, 0, 30, tzinfo=UTC).timestamp()
+"""Wednesday 25 November 2026, 12:00:30 UTC: 30 s into a minute."""
+ALPHA = {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75}
+BETA = {"input": 0.5, "output": 1.5, "cache_read": 0.5, "cache_write": 0.5}
+"""Beta sets no cache prices: they are its input price."""
+
+PROVIDERS = """
+[providers.alpha]
+openai_base_url = "{url}"
+openai_api_key = "{upstream_key}"
+provider = "openai"
+big_model = "alpha-big"
+middle_model = "alpha-middle"
+small_model = "alpha-small"
+retry_base_delay = 0
+max_retries = 0
+price_input = 3.0
+price_output = 15.0
+price_cache_read = 0.3
+price_cache_write = 3.75
+
+[providers.beta]
+openai_base_url = "{url}"
+openai_api_key = "{upstream_key}"
+provider = "openai"
+retry_base_delay = 0
+max_retries = 0
+
+[providers.beta.models."beta-middle"]
+price_input = 0.5
+price_output = 1.5
+
+[router]
+default = "alpha,alpha-middle"
+"""
+
+KEYS = """
+[keys.alice]
+key = "env:ALICE_PROXY_KEY"
+budget_usd = 100
+budget_period = "month"
+
+[keys.bob]
+key_sha256 = "{bob_sha}"
+providers = ["beta"]
+
+[keys.carol]
+key_sha256 = "{carol_sha}"
+budget_usd = 1
+budget_period = "day"
+
+[keys.dave]
+key_sha256 = "{dave_sha}"
+rpm = 2
+"""
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def config_text(upstream: ScriptedUpstream, keys: str = KEYS) -> str:
+    return (PROVIDERS.format(url=upstream.base_url, upstream_key=UPSTREAM_KEY)
+            + keys.format(bob_sha=sha(TEAM_KEYS["bob"]), carol_sha=sha(TEAM_KEYS["carol"]),
+                          dave_sha=sha(TEAM_KEYS["dave"])))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = NOON
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingApp:
+    """Counts the Messages requests a proxy receives (retries included)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.messages = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/messages":
+            self.messages += 1
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class KeyedProxy:
+    server: ProxyServer
+    clock: FakeClock
+    counter: CountingApp
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.server.should_exit = True
+        stop_server(self.server.server, self.server.thread)
+
+
+@pytest.fixture
+def keyed(tmp_path: Path, upstream: ScriptedUpstream) -> Iterator[Callable[..., KeyedProxy]]:
+    started: list[KeyedProxy] = []
+
+    def start(clock: FakeClock | None = None, keys: str = KEYS) -> KeyedProxy:
+        path = tmp_path / "proxy.toml"
+        path.write_text(config_text(upstream, keys))
+        settings = Settings(log_file=str(tmp_path / "proxy.log"), anthropic_api_key=CLIENT_KEY)
+        config = load_config_file(path, settings, environ={"ALICE_PROXY_KEY": TEAM_KEYS["alice"]})
+        clock = clock or FakeClock()
+        counter = CountingApp(RecordingApp(create_app(settings, config=config, clock=clock)))
+        sock = bind_loopback()
+        server, thread = serve_in_thread(counter, sock)
+        proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server,
+                            counter.app.app, thread)
+        assert eventually(lambda: serving(proxy.url))
+        keyed_proxy = KeyedProxy(proxy, clock, counter, tmp_path / "data")
+        started.append(keyed_proxy)
+        return keyed_proxy
+
+    yield start
+    for proxy in started:
+        if not proxy.server.server.should_exit:
+            proxy.stop()
+
+
+def ask(proxy: KeyedProxy, key: str, model: str = "claude-sonnet-4-6", stream: bool = False,
+        text: str = "hi", session: str | None = None) -> httpx.Response:
+    headers = {"x-api-key": key}
+    if session:
+        headers["x-claude-code-session-id"] = session
+    body = {"model": model, "max_tokens": 100, "stream": stream,
+            "messages": [{"role": "user", "content": text}]}
+    return httpx.post(f"{proxy.url}/v1/messages", json=body, headers=headers, timeout=30)
+
+
+def usage_of(proxy: KeyedProxy, key: str, **params: str) -> dict[str, Any]:
+    response = httpx.get(f"{proxy.url}/v1/usage", params=params, headers={"x-api-key": key},
+                         timeout=10)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def me(proxy: KeyedProxy, key: str) -> dict[str, Any]:
+    response = httpx.get(f"{proxy.url}/v1/usage/me", headers={"x-api-key": key}, timeout=10)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def openai_usage(prompt: int, completion_tokens: int, read: int = 0,
+                 written: int = 0) -> dict[str, Any]:
+    """OpenRouter's shape: cache reads and writes inside prompt_tokens, listed apart."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": read, "cache_write_tokens": written}}
+
+
+def priced(prices: dict[str, float], prompt: int, output: int, read: int = 0,
+           written: int = 0) -> float:
+    """The test's own arithmetic: uncached input, output, cache reads, cache writes."""
+    return (prices["input"] * (prompt - read - written) + prices["output"] * output
+            + prices["cache_read"] * read + prices["cache_write"] * written) / 1e6
+
+
+# ---------------------------------------------------------------- spend per key
+
+
+def test_two_keys_two_prices_streamed_and_not_and_an_aborted_stream(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    alice, bob = TEAM_KEYS["alice"], TEAM_KEYS["bob"]
+    upstream.queue(
+        completion({"content": "a1"}, usage=openai_usage(200_000, 50_000, read=120_000,
+                                                          written=30_000)),
+        text_stream(["a", "2"], usage=openai_usage(90_000, 7_000, read=10_000)),
+        completion({"content": "b1"}, usage=openai_usage(400_000, 300_000)),
+        text_stream(["b", "2"], usage=openai_usage(1_000_000, 20_000, read=600_000)))
+    assert ask(proxy, alice).json()["content"][0]["text"] == "a1"
+    streamed_alice = ask(proxy, alice, stream=True)
+    assert '"text":"a"' in streamed_alice.text and '"text":"2"' in streamed_alice.text
+    assert ask(proxy, bob, model="beta,beta-middle").json()["content"][0]["text"] == "b1"
+    streamed = ask(proxy, bob, model="beta,beta-middle", stream=True)
+    assert streamed.status_code == 200 and '"output_tokens":20000' in streamed.text
+    assert [r["model"] for r in upstream.requests] == ["alpha-middle"] * 2 + ["beta-middle"] * 2
+
+    alice_cost = (priced(ALPHA, 200_000, 50_000, 120_000, 30_000)
+                  + priced(ALPHA, 90_000, 7_000, 10_000))
+    bob_cost = priced(BETA, 400_000, 300_000) + priced(BETA, 1_000_000, 20_000, 600_000)
+    assert round(alice_cost, 2) == 1.40 and round(bob_cost, 2) == 1.18
+    by_key = {row["key"]: row for row in usage_of(proxy, CLIENT_KEY)["data"]}
+    assert round(by_key["alice"]["cost_usd"], 2) == round(alice_cost, 2)
+    assert abs(by_key["alice"]["cost_usd"] - alice_cost) < 1e-6
+    assert abs(by_key["bob"]["cost_usd"] - bob_cost) < 1e-6
+    assert by_key["alice"]["cache_read_input_tokens"] == 130_000
+    assert by_key["alice"]["cache_creation_input_tokens"] == 30_000
+    assert by_key["bob"]["requests"] == 2 and by_key["bob"]["output_tokens"] == 320_000
+
+    # An aborted stream: 40,000 characters arrive, the client leaves; the upstream never sent
+    # its usage, so the estimate of the output so far (4 characters a token) is charged.
+    text = "x" * 40_000
+    upstream.queue(Reply(events=[chunk({"role": "assistant", "content": ""}),
+                                 chunk({"content": text})], stall_at=3))
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 100, "stream": True,
+            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    with httpx.stream("POST", f"{proxy.url}/v1/messages", json=body,
+                      headers={"x-api-key": alice}, timeout=30) as response:
+        seen = ""
+        for piece in response.iter_text():
+            seen += piece
+            if text in seen:
+                break
+    aborted = priced(ALPHA, estimate_request_tokens(body), 10_000)
+    assert eventually(lambda: abs(me(proxy, alice)["period_usd"]
+                                  - (alice_cost + aborted)) < 1e-6)
+    assert upstream.wait_until_idle()
+    row = next(r for r in usage_of(proxy, alice)["data"])
+    assert row["requests"] == 3 and row["output_tokens"] == 57_000 + 10_000
+
+    metrics = httpx.get(f"{proxy.url}/metrics", headers={"x-api-key": CLIENT_KEY}).text
+    line = next(line for line in metrics.splitlines() if line.startswith(
+        'claude_proxy_cost_usd_total{key="bob"'))
+    assert line.startswith('claude_proxy_cost_usd_total{key="bob",model="beta-middle",'
+                           'provider="beta"} ')
+    assert abs(float(line.split()[-1]) - bob_cost) < 1e-6
+
+
+def test_a_key_sees_only_itself_and_the_administrator_sees_all(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    alice, bob = TEAM_KEYS["alice"], TEAM_KEYS["bob"]
+    upstream.queue(completion({"content": "x"}, usage=openai_usage(1000, 100)),
+                   completion({"content": "y"}, usage=openai_usage(2000, 200)),
+                   completion({"content": "z"}, usage=openai_usage(10, 1)))
+    assert ask(proxy, alice, session="session-a").status_code == 200
+    assert ask(proxy, bob, model="beta,beta-middle", session="session-b").status_code == 200
+    assert ask(proxy, CLIENT_KEY).status_code == 200
+
+    mine = usage_of(proxy, bob, group_by="session")
+    assert mine["key"] == "bob"
+    assert [(r["session"], r["requests"], r["input_tokens"]) for r in mine["data"]] == [
+        ("session-b", 1, 2000)]
+    every = usage_of(proxy, CLIENT_KEY, group_by="key")
+    assert [(r["key"], r["requests"]) for r in every["data"]] == [
+        ("admin", 1), ("alice", 1), ("bob", 1)]
+    assert every["total"]["input_tokens"] == 3010
+    by_model = usage_of(proxy, CLIENT_KEY, group_by="model")["data"]
+    assert [r["model"] for r in by_model] == ["alpha-middle", "beta-middle"]
+    by_day = usage_of(proxy, alice, group_by="day", **{"from": "2026-11-25", "to": "2026-11-25"})
+    assert [(r["day"], r["requests"]) for r in by_day["data"]] == [("2026-11-25", 1)]
+    assert usage_of(proxy, alice, **{"from": "2026-11-26"})["data"] == []
+
+    assert me(proxy, bob) == {"key": "bob", "today_usd": round(priced(BETA, 2000, 200), 6),
+                              "period": "month", "period_usd": round(priced(BETA, 2000, 200), 6),
+                              "budget_usd": None, "remaining_usd": None,
+                              "resets_at": "2026-12-01T00:00:00Z", "rpm": None, "tpm": None}
+    # Bob may use beta only: the default route (alpha) is refused before anything is sent.
+    refused = ask(proxy, bob)
+    assert refused.status_code == 403
+    assert refused.json() == {"type": "error", "error": {
+        "type": "permission_error",
+        "message": "key bob may not use alpha,alpha-middle (default)"}}
+    assert len(upstream.requests) == 3
+
+    wrong = ask(proxy, "sk-cp-revoked-or-wrong")
+    assert wrong.status_code == 401
+    assert wrong.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                       "message": "invalid x-api-key"}}
+    unauthorized = httpx.get(f"{proxy.url}/v1/usage", headers={"x-api-key": "nope"})
+    assert unauthorized.status_code == 401
+    # The dashboard and /metrics stay the administrator's.
+    assert httpx.get(f"{proxy.url}/metrics", headers={"x-api-key": alice}).status_code == 401
+
+    log = (SuiteRecord.log_file.read_text(encoding="utf-8")
+           if SuiteRecord.log_file is not None else "")
+    assert " key=alice provider=alpha route=default " in log
+    assert " key=bob provider=beta route=explicit " in log
+
+
+# ---------------------------------------------------------------- budgets and limits
+
+
+BUDGET_MESSAGE = ("Usage budget reached: the budget of $1.00 per day for key carol is spent "
+                  "($1.05); it resets at 2026-11-26 00:00 UTC")
+
+
+def spend_carols_budget(proxy: KeyedProxy, upstream: ScriptedUpstream) -> None:
+    """One request of $1.0485 against carol's $1.00 a day: admitted (the budget was not yet
+    reached), so the spend overshoots by that request."""
+    upstream.queue(completion({"content": "c1"}, usage=openai_usage(200_000, 50_000,
+                                                                      read=120_000,
+                                                                      written=30_000)))
+    assert ask(proxy, TEAM_KEYS["carol"]).status_code == 200
+
+
+def test_a_spent_budget_gets_the_billing_error_and_the_upstream_nothing(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    spend_carols_budget(proxy, upstream)
+    sent = len(upstream.requests)
+    for stream in (False, True):
+        refused = ask(proxy, TEAM_KEYS["carol"], stream=stream)
+        assert refused.status_code == 429
+        assert refused.headers["x-should-retry"] == "false"
+        assert refused.json() == {"type": "error", "error": {"type": "billing_error",
+                                                             "message": BUDGET_MESSAGE}}
+    assert len(upstream.requests) == sent
+    assert me(proxy, TEAM_KEYS["carol"])["remaining_usd"] == 0.0
+
+    # At the end of the day (UTC) the key works again.
+    proxy.clock.now = datetime(2026, 11, 26, 0, 0, 0, tzinfo=UTC).timestamp()
+    upstream.queue(completion({"content": "new day"}, usage=openai_usage(10, 1)))
+    again = ask(proxy, TEAM_KEYS["carol"])
+    assert again.status_code == 200 and again.json()["content"][0]["text"] == "new day"
+    assert me(proxy, TEAM_KEYS["carol"])["resets_at"] == "2026-11-27T00:00:00Z"
+
+
+def test_rpm_limit_answers_429_with_retry_after(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    dave = TEAM_KEYS["dave"]
+    assert [ask(proxy, dave).status_code for _ in range(2)] == [200, 200]
+    refused = ask(proxy, dave)
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "30"
+    assert refused.json() == {"type": "error", "error": {
+        "type": "rate_limit_error",
+        "message": "key dave is over its limit of 2 requests per minute; retry in 30 s"}}
+    assert len(upstream.requests) == 2
+    proxy.clock.now += 30
+    assert ask(proxy, dave).status_code == 200
+
+
+def test_spend_survives_a_restart_without_redis(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    first = keyed()
+    spend_carols_budget(first, upstream)
+    first.stop()
+    assert stat.S_IMODE(first.data_dir.stat().st_mode) == 0o700
+    assert (first.data_dir / "usage.sqlite3").is_file()
+
+    second = keyed()
+    refused = ask(second, TEAM_KEYS["carol"])
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"] == BUDGET_MESSAGE
+    rows = usage_of(second, CLIENT_KEY)["data"]
+    assert [(r["key"], r["requests"], r["cost_usd"]) for r in rows] == [("carol", 1, 1.0485)]
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_a_budget_on_a_key_reaching_an_unpriced_model_stops_the_start(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    keys = ('[keys.erin]\nkey_sha256 = "' + sha(TEAM_KEYS["erin"])
+            + '"\nbudget_usd = 5\n')
+    text = config_text(upstream, keys).replace('default = "alpha,alpha-middle"',
+                                               'default = "alpha,alpha-middle"\n'
+                                               'fallback = ["beta,beta-big"]')
+    path = tmp_path / "proxy.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError) as caught:
+        load_config_file(path, Settings())
+    assert str(caught.value) == (
+        f"{path}: [keys.erin] has a budget, but model 'beta-big' of provider 'beta' has no "
+        f"price: set price_input and price_output in [providers.beta.models.\"beta-big\"]")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env["LOG_FILE"] = str(tmp_path / "cli.log")
+    run = subprocess.run([sys.executable, "-m", "claude_proxy", "--config", str(path)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "model 'beta-big' of provider 'beta' has no price" in run.stderr
+
+
+def test_keys_new_prints_a_key_and_the_table_of_its_hash() -> None:
+    run = subprocess.run([sys.executable, "-m", "claude_proxy", "keys", "new", "frank"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    key = lines[1].strip("# ").strip()
+    assert key.startswith("sk-cp-") and len(key) > 40
+    assert lines[3] == "[keys.frank]"
+    assert lines[4] == f'key_sha256 = "{sha(key)}"'
+
+
+def test_usage_table_and_statusline_commands(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    spend_carols_budget(proxy, upstream)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env.update(ANTHROPIC_BASE_URL=proxy.url, ANTHROPIC_API_KEY=TEAM_KEYS["carol"])
+    session = json.dumps({"session_id": "s1", "model": {"id": "claude-sonnet-4-6",
+                                                        "display_name": "Sonnet 4.6"}})
+    line = subprocess.run([sys.executable, "-m", "claude_proxy", "statusline"], env=env,
+                          input=session, capture_output=True, text=True, timeout=60)
+    assert line.returncode == 0, line.stderr
+    assert line.stdout == "Sonnet 4.6 · carol: today $1.05 · $0.00 of $1.00 left this day\n"
+
+    env["ANTHROPIC_API_KEY"] = CLIENT_KEY
+    table = subprocess.run([sys.executable, "-m", "claude_proxy", "usage"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[1:] == [
+        "key    requests  input  output  cache read  cache write  cost USD",
+        "carol         1  50000   50000      120000        30000    1.0485",
+        "total         1  50000   50000      120000        30000    1.0485"]
+
+
+def test_without_keys_the_client_key_works_as_before(proxy: ProxyServer,
+                                                    upstream: ScriptedUpstream) -> None:
+    """No `[keys]` table: no usage endpoint, no DATA_DIR, the one key of old."""
+    answer = httpx.post(f"{proxy.url}/v1/messages", json={
+        "model": "claude-sonnet-4-6", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert answer.status_code == 200
+    assert httpx.get(f"{proxy.url}/v1/usage").status_code == 404
