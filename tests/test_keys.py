@@ -467,3 +467,45 @@ def test_without_keys_the_client_key_works_as_before(proxy: ProxyServer,
         "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
     assert answer.status_code == 200
     assert httpx.get(f"{proxy.url}/v1/usage").status_code == 404
+
+
+# ---------------------------------------------------------------- with real Claude Code
+
+
+CLAUDE_BINARIES = {
+    "pinned": Path(os.environ.get("CLAUDE_BIN", Path(__file__).resolve().parents[1] / ".cache/"
+                   "claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude")),
+    "newest": Path(os.environ.get("CLAUDE_BIN_NEWEST", Path(__file__).resolve().parents[1]
+                   / ".cache/claude-code-2.1.332/node_modules/@anthropic-ai/"
+                   "claude-code-linux-x64/claude")),
+}
+"""The pinned Claude Code and the newest (CLAUDE_BIN, CLAUDE_BIN_NEWEST override)."""
+
+
+@pytest.mark.claude_code
+@pytest.mark.parametrize("which", sorted(CLAUDE_BINARIES))
+def test_claude_code_stops_at_the_budget_without_retrying(
+        which: str, tmp_path: Path, keyed: Callable[..., KeyedProxy],
+        upstream: ScriptedUpstream) -> None:
+    binary = CLAUDE_BINARIES[which]
+    if not os.access(binary, os.X_OK):
+        pytest.skip(f"Claude Code ({which}) not installed at {binary}")
+    proxy = keyed()
+    spend_carols_budget(proxy, upstream)
+    sent, received = len(upstream.requests), proxy.counter.messages
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "TMPDIR": str(tmp_path), "ANTHROPIC_BASE_URL": proxy.url,
+           "ANTHROPIC_API_KEY": TEAM_KEYS["carol"], "ANTHROPIC_MODEL": "claude-sonnet-4-6",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}  # retries left at their default
+    run = subprocess.run([str(binary), "-p", "say hi", "--output-format", "stream-json",
+                          "--verbose", "--no-session-persistence"], env=env, cwd=work,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+    result = lines[-1]
+    assert result["type"] == "result" and result["is_error"] is True, run.stdout
+    assert BUDGET_MESSAGE in result["result"]
+    assert len(upstream.requests) == sent
+    assert proxy.counter.messages == received + 1, "Claude Code retried"
