@@ -25,6 +25,7 @@ from claude_proxy.app import create_app
 from claude_proxy.config import Settings
 from claude_proxy.routing.config import ConfigurationError, load_config_file
 from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.ui.routes import COOKIE
 from tests.conftest import (
     CLIENT_KEY,
     TEAM_KEYS,
@@ -509,3 +510,65 @@ def test_claude_code_stops_at_the_budget_without_retrying(
     assert BUDGET_MESSAGE in result["result"]
     assert len(upstream.requests) == sent
     assert proxy.counter.messages == received + 1, "Claude Code retried"
+
+
+# ---------------------------------------------------------------- the dashboard
+
+
+CHROMIUM = os.environ.get("CHROMIUM") or "/usr/bin/chromium"
+
+
+def dashboard_cookie(proxy: KeyedProxy) -> str:
+    signed_in = httpx.post(f"{proxy.url}/ui/login", data={"key": CLIENT_KEY, "next": "/ui"},
+                           follow_redirects=False)
+    assert signed_in.status_code == 303
+    return str(signed_in.cookies[COOKIE])
+
+
+def test_dashboard_feed_carries_keys_and_costs_never_a_key(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    spend_carols_budget(proxy, upstream)
+    with httpx.stream("GET", f"{proxy.url}/ui/feed", timeout=10,
+                      cookies={COOKIE: dashboard_cookie(proxy)}) as feed:
+        lines = feed.iter_lines()
+        assert next(lines) == "event: hello"
+        hello = json.loads(next(lines)[6:])
+    carol = next(k for k in hello["keys"] if k["name"] == "carol")
+    assert carol == {"name": "carol", "period": "day", "spent": 1.0485, "budget": 1.0,
+                     "resets": datetime(2026, 11, 26, tzinfo=UTC).timestamp(),
+                     "today": 1.0485, "rpm": None, "tpm": None}
+    assert [k["name"] for k in hello["keys"]] == ["alice", "bob", "carol", "dave"]
+    row = hello["requests"][-1]
+    assert (row["key"], row["cost"]) == ("carol", 1.0485)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="chromium not installed")
+def test_dashboard_shows_the_keys_panel_and_the_cost_column(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    from playwright.sync_api import sync_playwright
+
+    proxy = keyed()
+    spend_carols_budget(proxy, upstream)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.add_cookies([{"name": COOKIE, "value": dashboard_cookie(proxy),
+                              "url": proxy.url}])
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{proxy.url}/ui")
+        page.wait_for_selector('body[data-ready="true"]')
+        carol = '#keys .key[data-key="carol"]'
+        assert page.is_visible("#keys-panel")
+        assert page.inner_text(f"{carol} .name") == "carol"
+        assert page.inner_text(f"{carol} .stats") == "$1.05 of $1.00 this day"
+        assert page.get_attribute(f"{carol} progress", "value") == "1.000"
+        assert "spent" in (page.get_attribute(carol, "class") or "")
+        assert page.inner_text("#requests tbody tr .c-cost") == "$1.05"
+        assert page.inner_text("#requests tbody tr .c-key") == "carol"
+        assert errors == []
+        browser.close()

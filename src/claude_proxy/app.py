@@ -153,7 +153,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    recorder = dashboard_recorder(app, config)
+    recorder = dashboard_recorder(app, config, ledger)
     app.state.recorder = recorder
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder, charger=ledger)
     _install_error_handlers(app)
@@ -270,7 +270,8 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     return json_response(await before_first_byte(request, search.create(plan), deadline))
 
 
-def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:
+def dashboard_recorder(app: FastAPI, config: ProxyConfig,
+                       ledger: Ledger | None = None) -> Recorder | None:
     """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
     if not config.settings.ui_enabled:
         return None
@@ -280,7 +281,7 @@ def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:
         return provider_health(service.providers) if service is not None else []
 
     return Recorder(inspect=config.settings.inspect_requests, secrets=config.secrets(),
-                    health=health)
+                    health=health, keys=ledger.panel if ledger is not None else None)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -138,6 +138,20 @@ class Ledger:
                     counter, ttl = spend_counter(name, period, now)
                     self.store.add(counter, spent, ttl)
 
+    def panel(self) -> list[dict[str, Any]]:
+        """The dashboard's Keys panel: each key's spend in its period against its budget,
+        and when the period resets (names only)."""
+        now = self.clock()
+        listed = []
+        for spec in self.keys.keys.values():
+            _, end = period_bounds(spec.budget_period, now)
+            listed.append({"name": spec.name, "period": spec.budget_period,
+                           "spent": round(self.in_period(spec, spec.name), 6),
+                           "budget": spec.budget_usd, "resets": end.timestamp(),
+                           "today": round(self.today(spec.name), 6),
+                           "rpm": spec.rpm, "tpm": spec.tpm})
+        return listed
+
     def today(self, name: str) -> float:
         return self.store.total(spend_counter(name, "day", self.clock())[0])
 

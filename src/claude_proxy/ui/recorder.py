@@ -57,6 +57,8 @@ class ProviderHealth:
 
 
 HealthSource = Callable[[], list[ProviderHealth]]
+KeysSource = Callable[[], list[dict[str, Any]]]
+"""Each team key's spend against its budget (spend.Ledger.panel), for the Keys panel."""
 
 STATE_NAMES = {"healthy": "healthy", "cooling": "cooling down", "probing": "probing"}
 
@@ -161,6 +163,8 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "provider": provider,
         "model": model,
         "route": record.route,
+        "key": record.key,
+        "cost": record.cost,
         "failover": list(record.failover),
         "status": record.status,
         "stream": record.stream,
@@ -192,13 +196,14 @@ class Recorder:
     """Observes the access middleware (see `access.RecordObserver`)."""
 
     def __init__(self, *, inspect: int, secrets: list[str], health: HealthSource,
-                 rows: int = 1000, minutes: int = 60) -> None:
+                 rows: int = 1000, minutes: int = 60, keys: KeysSource | None = None) -> None:
         self.inspect_limit = inspect
         self.rows: deque[dict[str, Any]] = deque(maxlen=rows)
         self.kept: OrderedDict[str, RequestRecord] = OrderedDict()
         self.in_flight: dict[str, Flight] = {}
         self.series = MinuteSeries(minutes)
         self.health = health
+        self.keys = keys
         self.subscriptions: set[Subscription] = set()
         self._secrets = sorted(secrets, key=len, reverse=True)
 
@@ -263,6 +268,7 @@ class Recorder:
     def live(self) -> dict[str, Any]:
         """What changes by itself every second: in flight, providers, charts."""
         return {"now": self.now(), "providers": self.providers(),
+                "keys": self.keys() if self.keys is not None else [],
                 "series": self.series.snapshot(time.time()), "server_time": time.time()}
 
     def snapshot(self) -> dict[str, Any]:

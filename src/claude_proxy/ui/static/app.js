@@ -133,6 +133,8 @@ function rowElement(row) {
     el("td", { class: "num c-out", text: int(t.output) }),
     el("td", { class: "num c-reason", text: int(t.reasoning) }),
     el("td", { class: "num c-cached", title: `read from the cache ${int(t.cached)} · written ${int(t.cache_write)}`, text: int(t.cached) }),
+    el("td", { class: "c-key", title: row.key && row.key !== "-" ? `key ${row.key}` : "", text: row.key && row.key !== "-" ? row.key : "" }),
+    el("td", { class: "num c-cost", text: dollars(row.cost) }),
     el("td", { class: "c-stop", text: row.stop || "–" }),
     el("td", { class: "c-error errtype", title: row.error || "", text: row.error || "" }));
 }
@@ -230,6 +232,27 @@ function renderProviders() {
       el("div", { class: "stats", text: since }),
       el("div", { class: "stats", text: `first byte p50 ${millis(p.p50)} · p95 ${millis(p.p95)}` }),
       p.last_error ? el("div", { class: "err", title: p.last_error, text: p.last_error }) : null);
+  }));
+}
+
+function dollars(value) {
+  if (value === null || value === undefined) return "–";
+  return "$" + value.toFixed(value >= 1 ? 2 : 4);
+}
+
+function renderKeys() {
+  const keys = (state.live && state.live.keys) || [];
+  document.getElementById("keys-panel").hidden = keys.length === 0;
+  document.getElementById("keys").replaceChildren(...keys.map((k) => {
+    const budget = k.budget === null || k.budget === undefined ? null : k.budget;
+    const used = budget ? Math.min(k.spent / budget, 1) : 0;
+    const spent = budget === null ? `${dollars(k.spent)} this ${k.period}`
+      : `${dollars(k.spent)} of ${dollars(budget)} this ${k.period}`;
+    return el("div", { class: "key" + (budget !== null && k.spent >= budget ? " spent" : ""), "data-key": k.name },
+      el("span", { class: "name", text: k.name }),
+      el("span", { class: "stats", text: spent }),
+      el("progress", { class: "bar", max: 1, value: used.toFixed(3) }),
+      el("span", { class: "stats", text: `today ${dollars(k.today)} · resets ${new Date(k.resets * 1000).toISOString().slice(0, 16).replace("T", " ")} UTC` }));
   }));
 }
 
@@ -492,6 +515,7 @@ function onHello(data) {
   renderTable();
   renderNow();
   renderProviders();
+  renderKeys();
   renderCharts();
   document.body.dataset.ready = "true";
 }
@@ -500,6 +524,7 @@ function onLive(data) {
   state.live = data;
   renderNow();
   renderProviders();
+  renderKeys();
   renderCharts();
 }
 
