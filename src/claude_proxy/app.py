@@ -115,6 +115,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     started = datetime.now(UTC)
     store: StateStore = LocalStore()
     keyring = KeyRing(config.keys, _admin_key(settings)) if config.keys else None
+    if keyring is not None and not _admin_key(settings):
+        logger.warning("[keys] are configured but ANTHROPIC_API_KEY is not: the dashboard and "
+                       "/metrics are open to anyone who can reach the proxy")
     ledger = Ledger(keyring, config.models, store, metrics, clock) if keyring else None
     gate = Gate(store, clock)
 
