@@ -101,6 +101,7 @@ budget_period = "day"
 [keys.dave]
 key_sha256 = "{dave_sha}"
 rpm = 2
+tpm = 5000
 """
 
 
@@ -385,6 +386,22 @@ def test_rpm_limit_answers_429_with_retry_after(
     assert ask(proxy, dave).status_code == 200
 
 
+def test_tpm_limit_counts_the_tokens_of_the_minute(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    dave = TEAM_KEYS["dave"]
+    upstream.queue(completion({"content": "big"}, usage=openai_usage(4000, 1000)))
+    assert ask(proxy, dave).status_code == 200
+    refused = ask(proxy, dave)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "30"
+    assert refused.json()["error"] == {
+        "type": "rate_limit_error",
+        "message": "key dave is over its limit of 5000 tokens per minute; retry in 30 s"}
+    assert len(upstream.requests) == 1
+    proxy.clock.now += 30
+    assert ask(proxy, dave).status_code == 200
+
+
 def test_spend_survives_a_restart_without_redis(
         keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
     first = keyed()
@@ -424,6 +441,47 @@ def test_a_budget_on_a_key_reaching_an_unpriced_model_stops_the_start(
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "model 'beta-big' of provider 'beta' has no price" in run.stderr
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('key = "sk-cp-written-in-the-file"',
+     '[keys.erin] key: expected "env:VARIABLE" (a key is never written in the file; use '
+     'key_sha256 for its hash)'),
+    ('key = "env:UNSET_PROXY_KEY_VARIABLE"',
+     "[keys.erin] key: environment variable UNSET_PROXY_KEY_VARIABLE is not set"),
+    ('key_sha256 = "abc"',
+     "[keys.erin] key_sha256: expected 64 hex digits (claude-proxy keys new NAME prints one)"),
+    (f'key_sha256 = "{"0" * 64}"\nbudget_period = "year"',
+     "[keys.erin] budget_period: expected one of day, week, month"),
+    (f'key_sha256 = "{"0" * 64}"\nproviders = ["gamma"]',
+     "[keys.erin] providers: unknown provider 'gamma' (configured: alpha, beta)"),
+    (f'key_sha256 = "{"0" * 64}"\nrpm = 0', "[keys.erin] rpm: expected a whole number >= 1"),
+    (f'key_sha256 = "{"0" * 64}"\nbudget = 5',
+     "[keys.erin] budget: not a key setting (one of key, key_sha256, providers, routes, "
+     "budget_usd, budget_period, rpm, tpm)"),
+])
+def test_a_wrong_key_table_names_the_setting(tmp_path: Path, upstream: ScriptedUpstream,
+                                             table: str, message: str) -> None:
+    path = tmp_path / "proxy.toml"
+    path.write_text(config_text(upstream, f"[keys.erin]\n{table}\n"))
+    with pytest.raises(ConfigurationError) as caught:
+        load_config_file(path, Settings(), environ={})
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_calendar_periods_in_utc() -> None:
+    from claude_proxy.budget import period_bounds
+
+    def bounds(period: Any, when: datetime) -> tuple[str, str]:
+        start, end = period_bounds(period, when.timestamp())
+        return start.isoformat(), end.isoformat()
+
+    late = datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC)
+    assert bounds("day", late) == ("2026-12-31T00:00:00+00:00", "2027-01-01T00:00:00+00:00")
+    assert bounds("week", late) == ("2026-12-28T00:00:00+00:00", "2027-01-04T00:00:00+00:00")
+    assert bounds("month", late) == ("2026-12-01T00:00:00+00:00", "2027-01-01T00:00:00+00:00")
+    assert bounds("month", datetime(2028, 2, 29, 12, tzinfo=UTC)) == (
+        "2028-02-01T00:00:00+00:00", "2028-03-01T00:00:00+00:00")
 
 
 def test_keys_new_prints_a_key_and_the_table_of_its_hash() -> None:
@@ -572,3 +630,17 @@ def test_dashboard_shows_the_keys_panel_and_the_cost_column(
         assert page.inner_text("#requests tbody tr .c-key") == "carol"
         assert errors == []
         browser.close()
+
+
+def test_the_start_line_counts_the_keys_and_names_none(tmp_path: Path,
+                                                      upstream: ScriptedUpstream) -> None:
+    from claude_proxy.cli import startup_line
+
+    path = tmp_path / "proxy.toml"
+    path.write_text(config_text(upstream))
+    config = load_config_file(path, Settings(),
+                              environ={"ALICE_PROXY_KEY": TEAM_KEYS["alice"]})
+    line = startup_line(config, "127.0.0.1", 8082, 1)
+    assert "; client key required (4 team keys); " in line
+    assert TEAM_KEYS["alice"] not in line and sha(TEAM_KEYS["bob"]) not in line
+    assert TEAM_KEYS["alice"] in config.secrets(), "redacted from the logs"

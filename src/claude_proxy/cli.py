@@ -131,7 +131,9 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     settings = config.settings
     head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''})")
-    tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
+    keys = f" ({len(config.keys)} team keys)" if config.keys else ""
+    tail = (f"client key {'required' if settings.anthropic_api_key or keys else 'not required'}"
+            f"{keys}; "
             f"web search: {describe(config)}; {dashboard_note(settings, host, port, workers)}")
     if config.source in ("environment", ZERO_CONFIGURATION):
         only = next(iter(config.providers.values()))
