@@ -644,3 +644,30 @@ def test_the_start_line_counts_the_keys_and_names_none(tmp_path: Path,
     assert "; client key required (4 team keys); " in line
     assert TEAM_KEYS["alice"] not in line and sha(TEAM_KEYS["bob"]) not in line
     assert TEAM_KEYS["alice"] in config.secrets(), "redacted from the logs"
+
+
+def test_an_unwritable_data_dir_is_said_once_and_requests_still_served(
+        tmp_path: Path, upstream: ScriptedUpstream, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory should be")
+    path = tmp_path / "proxy.toml"
+    path.write_text(config_text(upstream))
+    settings = Settings(log_file=str(tmp_path / "proxy.log"), anthropic_api_key=CLIENT_KEY,
+                        data_dir=str(blocked / "data"))
+    config = load_config_file(path, settings, environ={"ALICE_PROXY_KEY": TEAM_KEYS["alice"]})
+    sock = bind_loopback()
+    server, thread = serve_in_thread(create_app(settings, config=config, clock=FakeClock()),
+                                     sock)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        assert eventually(lambda: serving(url))
+        upstream.queue(completion({"content": "still here"}, usage=openai_usage(10, 1)))
+        answer = httpx.post(f"{url}/v1/messages", headers={"x-api-key": TEAM_KEYS["alice"]},
+                            json={"model": "claude-sonnet-4-6", "max_tokens": 10,
+                                  "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert answer.json()["content"][0]["text"] == "still here"
+    finally:
+        server.should_exit = True
+        stop_server(server, thread)
+    said = [r.getMessage() for r in caplog.records if "cannot keep spend" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"cannot keep spend in DATA_DIR {blocked}/data")

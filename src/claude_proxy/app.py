@@ -251,9 +251,17 @@ def open_usage_log(ledger: Ledger, config: ProxyConfig) -> None:
     spend of its current period is read back from it (a restart keeps the spend)."""
     if ledger.store.describe().get("backend") != "in-process":
         return
+    import sqlite3
+
     from claude_proxy.state.durable import SqliteUsageLog
 
-    ledger.log = SqliteUsageLog(data_dir(config))
+    directory = data_dir(config)
+    try:
+        ledger.log = SqliteUsageLog(directory)
+    except (OSError, sqlite3.Error) as exc:
+        logger.error("cannot keep spend in DATA_DIR %s (%s): spend is counted in this process "
+                     "only and a restart forgets it", directory, exc)
+        return
     ledger.restore()
 
 
