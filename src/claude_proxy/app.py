@@ -138,7 +138,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         app.state.store = store
         await store.start()
         if ledger is not None:
-            open_usage_log(ledger, config)
+            ledger.keep_usage(data_dir(config))
         app.state.service = MessagesService(config, providers, signer, metrics, store, keyring)
         backend = SearchBackend(settings) if settings.web_search_backend else None
         app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
@@ -241,35 +241,16 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     return app
 
 
-def _admin_key(settings: Settings) -> str | None:
-    key = settings.anthropic_api_key
-    return key.get_secret_value() if key is not None else None
-
-
-def open_usage_log(ledger: Ledger, config: ProxyConfig) -> None:
-    """Without a shared store, usage goes to the SQLite file of DATA_DIR, and each key's
-    spend of its current period is read back from it (a restart keeps the spend)."""
-    if ledger.store.describe().get("backend") != "in-process":
-        return
-    import sqlite3
-
-    from claude_proxy.state.durable import SqliteUsageLog
-
-    directory = data_dir(config)
-    try:
-        ledger.log = SqliteUsageLog(directory)
-    except (OSError, sqlite3.Error) as exc:
-        logger.error("cannot keep spend in DATA_DIR %s (%s): spend is counted in this process "
-                     "only and a restart forgets it", directory, exc)
-        return
-    ledger.restore()
-
-
 def data_dir(config: ProxyConfig) -> Path:
-    """DATA_DIR, else `data/` beside the config file."""
+    """DATA_DIR, else `data/` beside the config file (keys exist only with one)."""
     if config.settings.data_dir:
         return Path(config.settings.data_dir)
     return Path(config.source).resolve().parent / "data"
+
+
+def _admin_key(settings: Settings) -> str | None:
+    key = settings.anthropic_api_key
+    return key.get_secret_value() if key is not None else None
 
 
 async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:

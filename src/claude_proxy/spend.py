@@ -15,6 +15,8 @@ tokens to the minute's tpm counter, and writes one usage entry to the usage log.
 from __future__ import annotations
 
 import logging
+import sqlite3
+from pathlib import Path
 from typing import Any, Protocol
 
 from claude_proxy.access import RequestRecord
@@ -125,6 +127,21 @@ class Ledger:
         for counted in {period, "day"}:
             counter, ttl = spend_counter(name, counted, now)
             self.store.add(counter, amount, ttl)
+
+    def keep_usage(self, directory: Path) -> None:
+        """Without a shared store, usage goes to the SQLite file of DATA_DIR, and each key's
+        spend of its current period is read back from it (a restart keeps the spend)."""
+        if self.store.describe().get("backend") != "in-process":
+            return
+        from claude_proxy.state.durable import SqliteUsageLog
+
+        try:
+            self.log = SqliteUsageLog(directory)
+        except (OSError, sqlite3.Error) as exc:
+            logger.error("cannot keep spend in DATA_DIR %s (%s): spend is counted in this "
+                         "process only and a restart forgets it", directory, exc)
+            return
+        self.restore()
 
     def restore(self) -> None:
         """Each key's spend of its current period and of today, from the usage log (SQLite,
