@@ -21,6 +21,8 @@ EXPECTED = {
     ".env.ollama": ("ollama", "reasoning_effort", "reasoning", "qwen3:8b"),
     ".env.azure": ("azure", "reasoning_effort", "none", "gpt-5-mini"),
     ".env.openai": ("openai", "reasoning_effort", "none", "gpt-5"),
+    ".env.minimax": ("minimax", "minimax", "reasoning_details", "MiniMax-M3"),
+    ".env.gemini": ("gemini", "gemini", "none", "gemini-3.8-flash"),
 }
 
 

@@ -93,7 +93,7 @@ PROFILES: dict[str, ProviderProfile] = {
     # Gemini 3 through Google's OpenAI-compatible endpoint (AI Studio, Vertex): thought
     # signatures travel on the tool calls (conversion/dialects.py).
     "gemini": ProviderProfile("gemini", "gemini-3.8-flash", "gemini-3.8-flash",
-                              "gemini-3.5-flash-lite", 65536, 65536, "gemini", "none",
+                              "gemini-3.5-flash-lite", 32768, 32768, "gemini", "none",
                               ("gemini-",), (), True),
 }
 
