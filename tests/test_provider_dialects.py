@@ -299,7 +299,8 @@ def gemini_responder(calls: list[dict[str, Any]], issued: set[str]
                      ) -> Callable[[dict[str, Any]], Reply]:
     """Gemini 3 on the OpenAI-compatible endpoint: every earlier tool-call turn must carry a
     signature it issued (or the documented skip value) on its first call, else the real 400;
-    three Bash calls each with a fresh signature, then the answer."""
+    three Bash calls each with a fresh signature, in the documented chunk (no `index`, the
+    finish reason in the same chunk) or as one JSON body, then the answer."""
     recorded = fixture("gemini-thought-signature")
 
     def respond(body: dict[str, Any]) -> Reply:
@@ -316,8 +317,16 @@ def gemini_responder(calls: list[dict[str, Any]], issued: set[str]
                                  chunk({}, "stop")])
         signature = f"CiQBsig{step}" + "A" * 40
         issued.add(signature)
-        return tool_call_reply(f"function-call-{step}", f"echo {step}",
-                               extra={"google": {"thought_signature": signature}})
+        answer = copy.deepcopy(recorded["response_chunks"][0])
+        call = answer["choices"][0]["delta"]["tool_calls"][0]
+        call.update(id=f"function-call-{step}", extra_content={
+            "google": {"thought_signature": signature}}, function={
+            "name": "Bash", "arguments": json.dumps({"command": f"echo {step}"})})
+        if body.get("stream"):
+            return Reply(events=[answer])
+        choice = answer["choices"][0]
+        choice["message"] = choice.pop("delta")
+        return Reply(body={**answer, "object": "chat.completion"})
     return respond
 
 
@@ -329,7 +338,7 @@ def test_gemini_thought_signatures_round_trip_over_three_tool_turns(
     client = start(proxy_factory, "gemini", "gemini-3.8-flash")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "echo 1, 2, 3"}]
     for step in (1, 2, 3):
-        answer = ask(client, messages, tools=[BASH], **ADAPTIVE_HIGH)
+        answer = ask(client, messages, stream=step != 2, tools=[BASH], **ADAPTIVE_HIGH)
         assert [b.type for b in answer.content] == ["thinking", "tool_use"]
         assert answer.content[0].thinking == ""  # the signature is no text for the user
         assert "CiQBsig" not in answer.content[0].signature
