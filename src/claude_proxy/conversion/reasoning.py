@@ -172,6 +172,14 @@ def attach_opaque_details(
     return attached
 
 
+TOOL_CALL_EXTRA = "tool_call.extra_content"
+"""The opaque item that keeps a tool call's `extra_content` (Gemini's thought signature)."""
+
+
+def tool_call_extra(call_id: str, extra_content: dict[str, Any]) -> dict[str, Any]:
+    return {"type": TOOL_CALL_EXTRA, "id": call_id, "extra_content": extra_content}
+
+
 def attach_tool_call_extras(messages: list[dict[str, Any]],
                             turns: list[tuple[int, AssistantTurn]], opaque_for: OpaqueFor) -> None:
     """Put each kept `extra_content` back on the tool call it came with (by the upstream's
@@ -188,12 +196,3 @@ def attach_tool_call_extras(messages: list[dict[str, Any]],
                 continue
             call = next((c for c in calls if c.get("id") == item.get("id")), calls[0])
             call["extra_content"] = extra
-
-
-TOOL_CALL_EXTRA = "tool_call.extra_content"
-"""The opaque item that keeps a tool call's `extra_content` (Gemini's thought signature)."""
-
-
-def tool_call_extra(call_id: str, extra_content: dict[str, Any]) -> dict[str, Any]:
-    return {"type": TOOL_CALL_EXTRA, "id": call_id, "extra_content": extra_content}
-
