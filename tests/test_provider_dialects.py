@@ -391,3 +391,49 @@ def test_gemini_refuses_a_tool_turn_without_signature(upstream: ScriptedUpstream
     response = httpx.post(f"{upstream.base_url}/chat/completions", json=body, timeout=30)
     assert response.status_code == 400
     assert response.json() == recorded["refusal"]["body"]
+
+
+# ---------------------------------------------------------------- with the real Claude Code
+
+
+def claude_code_gemini(calls: list[dict[str, Any]]) -> Callable[[dict[str, Any]], Reply]:
+    """Gemini 3 for Claude Code's tool loop: one signed Bash call, then (only if the call
+    came back with its signature) an answer quoting the output."""
+    recorded = fixture("gemini-thought-signature")
+    signature = "CiQBcc" + "B" * 60
+
+    def respond(body: dict[str, Any]) -> Reply:
+        calls.append(copy.deepcopy(body))
+        last = body["messages"][-1]
+        if last["role"] != "tool":
+            answer = copy.deepcopy(recorded["response_chunks"][0])
+            call = answer["choices"][0]["delta"]["tool_calls"][0]
+            call.update(id="function-call-cc", extra_content={
+                "google": {"thought_signature": signature}}, function={
+                "name": "Bash", "arguments": json.dumps({
+                    "command": "echo hi-from-gemini", "description": "Print a greeting"})})
+            return Reply(events=[answer])
+        sent = body["messages"][-2]["tool_calls"][0].get("extra_content")
+        if sent != {"google": {"thought_signature": signature}}:
+            return refuse(recorded["refusal"])
+        first_line = last["content"].splitlines()[0]
+        return Reply(events=[chunk({"role": "assistant", "content": "It printed: "}),
+                             chunk({"content": first_line}), chunk({}, "stop")])
+    return respond
+
+
+@pytest.mark.claude_code
+def test_claude_code_gives_gemini_its_signature_back(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    from tests.test_claude_code import CLAUDE_BIN, run_claude
+    if not CLAUDE_BIN.exists():
+        pytest.skip("Claude Code not installed (make test installs it)")
+    proxy = proxy_factory(provider="gemini", middle_model="gemini-3.8-flash",
+                          reasoning_with_tools=True, thinking_signature_secret=SECRET)
+    calls: list[dict[str, Any]] = []
+    upstream.responder = claude_code_gemini(calls)
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    assert lines[-1]["is_error"] is False, lines[-1]
+    assert lines[-1]["result"] == "It printed: hi-from-gemini"
+    assert len(calls) == 2 and calls[0]["reasoning_effort"] == "high"  # adaptive, Sonnet at high
