@@ -671,3 +671,16 @@ def test_an_unwritable_data_dir_is_said_once_and_requests_still_served(
         stop_server(server, thread)
     said = [r.getMessage() for r in caplog.records if "cannot keep spend" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"cannot keep spend in DATA_DIR {blocked}/data")
+
+
+def test_built_in_prices_name_the_profiles_default_models() -> None:
+    """A profile's default model changes: its built-in price must follow (or go)."""
+    from claude_proxy.config import PROFILES
+    from claude_proxy.routing.prices import BUILT_IN_PRICES
+
+    defaults = {(name, model) for name, profile in PROFILES.items()
+                for model in (profile.big_model, profile.middle_model, profile.small_model)}
+    assert sorted(set(BUILT_IN_PRICES) - defaults) == []
+    for prices in BUILT_IN_PRICES.values():
+        assert prices["price_input"] >= prices.get("price_cache_read", 0)
+        assert prices["price_output"] >= prices["price_input"]
