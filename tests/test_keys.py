@@ -361,6 +361,7 @@ def test_a_spent_budget_gets_the_billing_error_and_the_upstream_nothing(
                                                              "message": BUDGET_MESSAGE}}
     assert len(upstream.requests) == sent
     assert me(proxy, TEAM_KEYS["carol"])["remaining_usd"] == 0.0
+    assert proxy.counter.messages == 3
 
     # At the end of the day (UTC) the key works again.
     proxy.clock.now = datetime(2026, 11, 26, 0, 0, 0, tzinfo=UTC).timestamp()
@@ -368,6 +369,21 @@ def test_a_spent_budget_gets_the_billing_error_and_the_upstream_nothing(
     again = ask(proxy, TEAM_KEYS["carol"])
     assert again.status_code == 200 and again.json()["content"][0]["text"] == "new day"
     assert me(proxy, TEAM_KEYS["carol"])["resets_at"] == "2026-11-27T00:00:00Z"
+
+
+def test_a_key_with_a_budget_may_not_name_an_unpriced_model(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    proxy = keyed()
+    refused = ask(proxy, TEAM_KEYS["carol"], model="beta,beta-big")
+    assert refused.status_code == 403
+    assert refused.json()["error"] == {
+        "type": "permission_error",
+        "message": "key carol may not use beta,beta-big (explicit) (a key with a budget uses "
+                   "priced models only)"}
+    assert upstream.requests == []
+    upstream.queue(completion({"content": "free to try"}, usage=openai_usage(10, 1)))
+    allowed = ask(proxy, TEAM_KEYS["dave"], model="beta,beta-big")  # no budget: no price needed
+    assert allowed.json()["content"][0]["text"] == "free to try"
 
 
 def test_rpm_limit_answers_429_with_retry_after(
