@@ -26,6 +26,7 @@ PROVIDERS = (
     "dashscope",
     "openrouter",
     "vllm",
+    "llamacpp",
     "ollama",
     "azure",
     "openai",
@@ -77,6 +78,10 @@ PROFILES: dict[str, ProviderProfile] = {
                                   "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",)),
     "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
                             "chat_template_kwargs", "reasoning", ("*",)),
+    # llama.cpp's llama-server: one model whatever the name; Jinja templates read
+    # chat_template_kwargs; it takes earlier reasoning back as `reasoning_content` only.
+    "llamacpp": ProviderProfile("llamacpp", "default", "default", "default", 16384, 16384,
+                                "chat_template_kwargs", "reasoning_content", ("*",)),
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
                               "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
     "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
