@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, ProxyServer, load_fixture
+from tests.conftest import UPSTREAM_KEY, ProxyServer, clean_env, load_fixture
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -361,3 +364,62 @@ def test_llamacpp_profile_is_recognised_from_the_server_header(
     assert second["chat_template_kwargs"] == {"enable_thinking": False, "thinking": False}
     assert [r.getMessage() for r in caplog.records if "llama.cpp" in r.getMessage()] == [
         "provider openai is llama.cpp (its Server header): using the llamacpp profile"]
+
+
+# ---------------------------------------------------------------- doctor
+
+PROPS = {"default_generation_settings": {"n_ctx": 131072}, "build_info": "b0-unknown",
+         "chat_template": "{{ messages }}", "total_slots": 1}
+
+
+def llama_server(jinja: bool, renders_tools: bool) -> Callable[[dict[str, Any]], Reply]:
+    """llama-server as doctor meets it: without Jinja any request with tools gets the
+    recorded 500; a template that drops tools costs the same prompt tokens with one."""
+    def respond(body: dict[str, Any]) -> Reply:
+        if body.get("tools") and not jinja:
+            return http_recording("nojinja-tools")
+        if body.get("stream"):
+            return text_stream(["ok"])
+        tokens = 30 + (82 if body.get("tools") and renders_tools else 0)
+        return completion({"content": "ok"}, usage={
+            "prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1})
+    return respond
+
+
+def run_doctor(tmp_path: Path, upstream: ScriptedUpstream,
+               **env: str) -> subprocess.CompletedProcess[str]:
+    variables = clean_env(tmp_path, OPENAI_API_KEY="k", OPENAI_BASE_URL=upstream.base_url,
+                          BIG_MODEL="gemma", MIDDLE_MODEL="gemma", SMALL_MODEL="gemma", **env)
+    return subprocess.run([sys.executable, "-m", "claude_proxy", "doctor"], env=variables,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_doctor_says_start_llama_server_with_jinja(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.props = {**PROPS, "default_generation_settings": {"n_ctx": 4096}}
+    upstream.responder = llama_server(jinja=False, renders_tools=False)
+    result = run_doctor(tmp_path, upstream)  # PROVIDER unset: recognised from /props
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].endswith("(profile llamacpp, llama-server b0-unknown)")
+    assert ("    jinja          FAIL  start llama-server with --jinja (tools are rendered by "
+            "the chat template only then)") in lines
+    assert ("    context        FAIL  n_ctx 4096: Claude Code's first request alone is about "
+            "20000 tokens; start llama-server with -c 65536 (or more)") in lines
+
+
+@pytest.mark.parametrize(("renders", "line"), [
+    (False, "    template       FAIL  the chat template drops tools (30 prompt tokens with and "
+            "without one): give llama-server a template that renders them "
+            "(--chat-template-file)"),
+    (True, "    template       ok    renders tools (30 → 112 prompt tokens with one tool)"),
+])
+def test_doctor_measures_whether_the_template_renders_tools(
+        tmp_path: Path, upstream: ScriptedUpstream, renders: bool, line: str) -> None:
+    upstream.props = PROPS
+    upstream.responder = llama_server(jinja=True, renders_tools=renders)
+    result = run_doctor(tmp_path, upstream, PROVIDER="llamacpp")
+    lines = result.stdout.splitlines()
+    assert line in lines, result.stdout
+    assert "    context        ok    n_ctx 131072" in lines
+    assert result.returncode == (0 if renders else 1)

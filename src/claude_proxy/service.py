@@ -66,13 +66,6 @@ CREDENTIAL_STATUSES = frozenset({401, 402, 403})
 Failure = Literal["retriable", "credential", "misconfigured", "overflow", "final"]
 
 
-def recognisable(settings: ProviderSettings) -> bool:
-    """A provider whose profile is only a guess (PROVIDER unset, a host the URL hints do
-    not know): its server may say what it is."""
-    return (settings.provider is None and not settings.azure_api_version
-            and settings.provider_name == "openai")
-
-
 @dataclass(frozen=True)
 class Attempt:
     """The candidate that answered, and what was sent to it."""
@@ -147,7 +140,7 @@ class MessagesService:
         self.sessions = SessionSizes()
         self._recognised: dict[str, ProviderSettings] = {}
         for provider in providers.values():
-            if recognisable(provider.settings):
+            if llamacpp.recognisable(provider.settings):
                 provider.client.on_headers = partial(self._note_server, provider.name)
 
     # ------------------------------------------------------------ the server behind a provider
@@ -169,7 +162,7 @@ class MessagesService:
         """The provider's settings, with the profile its server was recognised as."""
         known = self.store.get(SERVER_PROFILE_KEY + provider.name)
         profile = known.get("profile") if known else None
-        if not isinstance(profile, str) or not recognisable(provider.settings):
+        if not isinstance(profile, str) or not llamacpp.recognisable(provider.settings):
             return provider.settings
         cached = self._recognised.get(provider.name)
         if cached is None or cached.provider != profile:

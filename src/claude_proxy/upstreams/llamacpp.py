@@ -16,9 +16,18 @@ from typing import Any
 
 import httpx
 
+from claude_proxy.config import ProviderSettings
+
 PROFILE = "llamacpp"
 SERVER_PREFIX = "llama.cpp"
 PROPS_TIMEOUT = 5.0
+
+
+def recognisable(settings: ProviderSettings) -> bool:
+    """A provider whose profile is only a guess (PROVIDER unset, a host the URL hints do
+    not know): its server may say that it is llama-server."""
+    return (settings.provider is None and not settings.azure_api_version
+            and settings.provider_name == "openai")
 
 
 def is_llamacpp(headers: Mapping[str, str]) -> bool:
