@@ -20,6 +20,7 @@ import anthropic
 import httpx
 import pytest
 
+from claude_proxy.conversion.stop_sequences import StopMatcher
 from tests.conftest import UPSTREAM_KEY, ProxyServer, clean_env, load_fixture
 from tests.scripted_upstream import (
     Reply,
@@ -55,6 +56,26 @@ def answer(proxy: ProxyServer, body: dict[str, Any], stream: bool) -> dict[str, 
 # ---------------------------------------------------------------- stop sequences
 
 SEQUENCES = ["\n\nUser:", "###", "END"]
+
+
+@pytest.mark.parametrize(("sequences", "pieces", "relayed", "matched"), [
+    (["aab"], ["a", "a", "a", "b"], "a", "aab"),  # a held "aa" may still be the start
+    (["END"], ["E", "N", "x"], "ENx", None),  # held, then given up: nothing lost
+    (["abc", "b"], ["abc"], "a", "b"),  # "b" was complete before "abc" was
+    (["bc", "abc"], ["xabc"], "x", "abc"),  # both complete together: the longer
+    (["", "x"], ["a", "x"], "a", "x"),  # an empty sequence matches nothing
+])
+def test_stop_matcher(sequences: list[str], pieces: list[str], relayed: str,
+                      matched: str | None) -> None:
+    matcher = StopMatcher(sequences)
+    out, found = "", None
+    for piece in pieces:
+        text, found = matcher.feed(piece)
+        out += text
+        if found is not None:
+            break
+    out += matcher.flush() if found is None else ""
+    assert (out, found) == (relayed, matched)
 
 
 def stalled_after(pieces: list[str], matched_at: int) -> Reply:
