@@ -430,7 +430,10 @@ class MessagesService:
         events = converter.start()
         try:
             async for batch in stream:
-                events.extend(event for chunk in batch for event in self._fed(converter, chunk))
+                for chunk in batch:
+                    events.extend(converter.feed(chunk))
+                    if converter.stopped:
+                        break
                 if converter.stopped:
                     break
             if not (stream.complete or converter.saw_finish_reason):
@@ -443,10 +446,6 @@ class MessagesService:
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, record)
         return message
-
-    @staticmethod
-    def _fed(converter: StreamConverter, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        return [] if converter.stopped else converter.feed(chunk)
 
     def remember_session(self, session: str | None, record: RequestRecord) -> None:
         """The input this turn really used, for the next turn's long_context rule."""
