@@ -4,8 +4,8 @@ llama-server without Jinja answers any request with tools `500 tools param requi
 flag`; retried as a temporary failure, the proxy tried 3 times and Claude Code 11 more (192 s
 of nothing, then "usually temporary"). These answers are recognised by their words and turned
 into a 400 `invalid_request_error` that says what to change, so that neither the proxy nor
-the client retries. The wording is each server's own (llama.cpp `server-common.cpp` and
-`utils.hpp`, vLLM's `serving_chat.py`, Ollama's `server/routes.go`).
+the client retries. The patterns are each server's own words (llama-server, vLLM's OpenAI
+server, Ollama), as they answer.
 """
 
 from __future__ import annotations
