@@ -1,0 +1,57 @@
+"""Per-session calibration of the input estimate, kept in the state store.
+
+The proxy cannot tokenize like every upstream, but the upstream tells it, after each turn, how
+many prompt tokens that turn really was. Kept per Claude Code session (`x-claude-code-session-id`)
+and upstream model: {reported, estimate_then}. The next turn's input is then
+`reported + (estimate_now - estimate_then) × ratio`, where `ratio = reported / estimate_then`
+corrects the estimate of what is new by what the estimator got wrong last time. Between turns
+Claude Code moves `cache_control` markers and turns string content into text parts, so "what is
+new" cannot be a byte-prefix match; the difference of two estimates of the whole conversation
+is robust to that. A conversation that shrank (Claude Code compacted it) is scaled by the ratio
+alone. Without a record: the plain estimate.
+
+The record goes through the state store (MessagesService.store) so that every worker and
+replica calibrates from the same turn.
+"""
+
+from __future__ import annotations
+
+from claude_proxy.state.store import StateStore
+
+KEY_PREFIX = "calibration:"
+TTL_SECONDS = 6 * 3600.0
+"""A session idle this long starts again from the plain estimate."""
+RATIO_BOUNDS = (0.5, 2.0)
+"""An upstream's tokenizer is within a factor of two of four characters a token; a ratio
+outside that is a sign the record does not describe this conversation."""
+
+
+def _key(session: str, provider: str, model: str) -> str:
+    return f"{KEY_PREFIX}{session}:{provider}:{model}"
+
+
+def calibrated(store: StateStore, session: str | None, provider: str, model: str,
+               estimate: int) -> int:
+    """The estimate corrected by what the upstream reported for this session's last turn."""
+    if not session:
+        return estimate
+    record = store.get(_key(session, provider, model))
+    if record is None:
+        return estimate
+    reported, then = int(record.get("reported", 0)), int(record.get("estimate", 0))
+    if reported <= 0 or then <= 0:
+        return estimate
+    low, high = RATIO_BOUNDS
+    ratio = min(max(reported / then, low), high)
+    if estimate >= then:
+        return reported + round((estimate - then) * ratio)
+    return round(estimate * ratio)
+
+
+def remember(store: StateStore, session: str | None, provider: str, model: str,
+             reported: int, estimate: int) -> None:
+    """What this turn's upstream reported, beside the estimate made for it."""
+    if not session or reported <= 0 or estimate <= 0:
+        return
+    store.put(_key(session, provider, model), {"reported": reported, "estimate": estimate},
+              ttl=TTL_SECONDS)
