@@ -7,8 +7,13 @@ and upstream model: {reported, estimate_then}. The next turn's input is then
 corrects the estimate of what is new by what the estimator got wrong last time. Between turns
 Claude Code moves `cache_control` markers and turns string content into text parts, so "what is
 new" cannot be a byte-prefix match; the difference of two estimates of the whole conversation
-is robust to that. A conversation that shrank (Claude Code compacted it) is scaled by the ratio
-alone. Without a record: the plain estimate.
+is robust to that. Once two turns are known, what is new is corrected by the ratio of the last
+growth instead (`marginal`: reported growth / estimated growth): the system prompt and tools
+that dominate the whole-conversation ratio say little about tool output (numbers, code, CJK
+text), which is what a session grows by. Measured with real Claude Code on a 64k window
+(tests/test_claude_code_windows.py): the whole ratio let a 68k request through as 64k; the
+marginal one is exact there. A conversation that shrank (Claude Code compacted it) is scaled
+by the whole ratio alone. Without a record: the plain estimate.
 
 The record goes through the state store (MessagesService.store) so that every worker and
 replica calibrates from the same turn.
@@ -21,9 +26,10 @@ from claude_proxy.state.store import StateStore
 KEY_PREFIX = "calibration:"
 TTL_SECONDS = 6 * 3600.0
 """A session idle this long starts again from the plain estimate."""
-RATIO_BOUNDS = (0.5, 2.0)
-"""An upstream's tokenizer is within a factor of two of four characters a token; a ratio
-outside that is a sign the record does not describe this conversation."""
+RATIO_BOUNDS = (0.25, 4.0)
+"""Tokenizers differ from four characters a token by less than a factor of four (digits and
+CJK text are the far end); a ratio outside that is a sign the record does not describe this
+conversation."""
 
 
 def _key(session: str, provider: str, model: str) -> str:
@@ -41,11 +47,11 @@ def calibrated(store: StateStore, session: str | None, provider: str, model: str
     reported, then = int(record.get("reported", 0)), int(record.get("estimate", 0))
     if reported <= 0 or then <= 0:
         return estimate
-    low, high = RATIO_BOUNDS
-    ratio = min(max(reported / then, low), high)
+    whole = _bounded(reported / then)
     if estimate >= then:
-        return reported + round((estimate - then) * ratio)
-    return round(estimate * ratio)
+        growth = _bounded(float(record.get("marginal") or whole))
+        return reported + round((estimate - then) * growth)
+    return round(estimate * whole)
 
 
 def remember(store: StateStore, session: str | None, provider: str, model: str,
@@ -53,5 +59,18 @@ def remember(store: StateStore, session: str | None, provider: str, model: str,
     """What this turn's upstream reported, beside the estimate made for it."""
     if not session or reported <= 0 or estimate <= 0:
         return
-    store.put(_key(session, provider, model), {"reported": reported, "estimate": estimate},
-              ttl=TTL_SECONDS)
+    key = _key(session, provider, model)
+    record: dict[str, float] = {"reported": reported, "estimate": estimate}
+    previous = store.get(key)
+    if previous is not None:
+        grew, estimated = reported - int(previous["reported"]), estimate - int(previous["estimate"])
+        if grew > 0 and estimated > 0:
+            record["marginal"] = grew / estimated
+        elif previous.get("marginal") and estimated >= 0:
+            record["marginal"] = float(previous["marginal"])
+    store.put(key, record, ttl=TTL_SECONDS)
+
+
+def _bounded(ratio: float) -> float:
+    low, high = RATIO_BOUNDS
+    return min(max(ratio, low), high)
