@@ -108,6 +108,20 @@ def table(turns: list[Turn]) -> str:
     return "\n".join(lines)
 
 
+def results(workdir: Path) -> dict[str, Any]:
+    """The figure for `make bench`'s JSON: each turn's error, the worst after turn 1."""
+    turns = run(workdir)
+    return {"turns": [{"turn": t.number, "count_tokens": t.counted, "reported": t.reported,
+                       "error": round(t.error, 4)} for t in turns],
+            "worst_after_first": round(max(abs(t.error) for t in turns[1:]), 4),
+            "target": TARGET_ERROR}
+
+
+def report(figure: dict[str, Any]) -> str:
+    """The table of a `results` figure (as read back from the JSON)."""
+    return table([Turn(t["turn"], t["count_tokens"], t["reported"]) for t in figure["turns"]])
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         turns = run(Path(folder))
