@@ -214,7 +214,7 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
-        measure = self.measure(body, session)
+        measure = self.measure(body, session, estimate)
         candidates = self.router.candidates(body, estimate, self.sessions.previous(session))
         fits = preflight.plan(candidates, self.router.route("long_context"), measure)
         walk = _Walk([fit.candidate for fit in fits], self.providers)
@@ -238,10 +238,12 @@ class MessagesService:
             return attempt, result
         raise self._all_failed(walk, estimate)
 
-    def measure(self, body: dict[str, Any], session: str | None) -> preflight.Measure:
+    def measure(self, body: dict[str, Any], session: str | None,
+                plain: int | None = None) -> preflight.Measure:
         """Measures candidates for this request: the calibrated input estimate for the
-        model and its known window (each model family's estimate is made once)."""
-        raw: dict[str | None, int] = {}
+        model and its known window (each model family's estimate is made once; `plain`, the
+        tokenizer-free one, when already made)."""
+        raw: dict[str | None, int] = {} if plain is None else {None: plain}
         fits: dict[Candidate, preflight.Fit] = {}
 
         def measure(candidate: Candidate) -> preflight.Fit:
@@ -260,9 +262,9 @@ class MessagesService:
     def count_tokens(self, body: dict[str, Any], session: str | None) -> int:
         """count_tokens: the calibrated input estimate for the model this request would go
         to (exact for OpenAI-family models)."""
-        candidates = self.router.candidates(body, estimate_request_tokens(body),
-                                            self.sessions.previous(session))
-        return self.measure(body, session)(candidates[0]).tokens
+        plain = estimate_request_tokens(body)
+        candidates = self.router.candidates(body, plain, self.sessions.previous(session))
+        return self.measure(body, session, plain)(candidates[0]).tokens
 
     def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
                        error: ProxyError, fit: preflight.Fit) -> None:
