@@ -282,6 +282,13 @@ def llamacpp_props(_: Request) -> JSONResponse:
     return JSONResponse({"default_generation_settings": {"n_ctx": 8192}, "total_slots": 1})
 
 
+def openrouter_models(_: Request) -> JSONResponse:
+    return JSONResponse({"data": [
+        {"id": "vendor/small-model", "context_length": 4096,
+         "top_provider": {"context_length": 4096, "max_completion_tokens": 1024}},
+        {"id": "vendor/other", "context_length": 1000000}]})
+
+
 def ollama_ps(_: Request) -> JSONResponse:
     return JSONResponse({"models": [{"name": "qwen3:latest", "model": "qwen3:latest",
                                      "context_length": 16384}]})
@@ -294,17 +301,19 @@ async def ollama_show(request: Request) -> JSONResponse:
                                         else 2048}})
 
 
-@pytest.mark.parametrize(("provider", "routes", "models", "window", "source"), [
-    ("vllm", [Route("/v1/models", vllm_models)], "default", 4096,
+@pytest.mark.parametrize(("provider", "routes", "models", "window", "output", "source"), [
+    ("vllm", [Route("/v1/models", vllm_models)], "default", 4096, None,
      "discovered: /v1/models max_model_len"),
-    ("openai", [Route("/props", llamacpp_props)], "local-gguf", 8192,
+    ("openai", [Route("/props", llamacpp_props)], "local-gguf", 8192, None,
      "discovered: llama.cpp /props n_ctx"),
+    ("openrouter", [Route("/v1/models", openrouter_models)], "vendor/small-model", 4096, 1024,
+     "discovered: OpenRouter /models context_length"),
     ("ollama", [Route("/api/ps", ollama_ps), Route("/api/show", ollama_show, methods=["POST"])],
-     "qwen3", 16384, "discovered: Ollama /api/ps context_length"),
+     "qwen3", 16384, None, "discovered: Ollama /api/ps context_length"),
 ])
 def test_windows_discovered_at_start_are_enforced(
-        provider: str, routes: list[Route], models: str, window: int, source: str,
-        proxy_factory: Callable[..., ProxyServer]) -> None:
+        provider: str, routes: list[Route], models: str, window: int, output: int | None,
+        source: str, proxy_factory: Callable[..., ProxyServer]) -> None:
     server = serving_windows(routes)
     try:
         proxy = proxy_factory(openai_base_url=server.base_url, provider=provider,
@@ -312,7 +321,7 @@ def test_windows_discovered_at_start_are_enforced(
         assert eventually(lambda: serving(proxy.url))
         detail = httpx.get(f"{proxy.url}/health?detail=1").json()
         assert detail["providers"][provider]["models"] == {models: {
-            "context_window": window, "max_output_tokens": None, "source": source}}
+            "context_window": window, "max_output_tokens": output, "source": source}}
         text = "word " * (window * 2)
         response = ask(proxy, text)
         assert response.status_code == 400

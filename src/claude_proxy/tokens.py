@@ -62,11 +62,6 @@ def _encoder(name: str) -> Counter:
     return count
 
 
-def is_exact(model: str | None) -> bool:
-    """Whether `estimate_request_tokens` counts this model's tokens exactly."""
-    return encoding_name(model) is not None
-
-
 def estimate_request_tokens(request: dict[str, Any], model: str | None = None) -> int:
     """The request's input tokens for `model` (the upstream model id; None: unknown)."""
     name = encoding_name(model)
