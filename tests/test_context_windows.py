@@ -340,3 +340,25 @@ def test_an_unknown_window_is_never_refused(proxy: ProxyServer,
         "context_window": None, "max_output_tokens": None, "source": "unknown: no pre-flight"}
     assert ask(proxy, "word " * 300_000).status_code == 200
     assert len(upstream.requests) == 1
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_calibration_follows_the_upstreams_reports() -> None:
+    """Through the state store: a plain estimate without a record; the last report plus the
+    growth, corrected by the last growth's own ratio; a compacted (shrunk) conversation
+    scaled by the whole ratio; nothing kept without a session."""
+    from claude_proxy.routing import calibration
+    from claude_proxy.state.local import LocalStore
+
+    store = LocalStore()
+    assert calibration.calibrated(store, "s1", "p", "m", 1000) == 1000
+    calibration.remember(store, "s1", "p", "m", reported=1200, estimate=1000)
+    assert calibration.calibrated(store, "s1", "p", "m", 1500) == 1200 + 600  # whole ratio 1.2
+    calibration.remember(store, "s1", "p", "m", reported=2200, estimate=1500)
+    assert calibration.calibrated(store, "s1", "p", "m", 1600) == 2200 + 200  # growth ratio 2
+    assert calibration.calibrated(store, "s1", "p", "m", 500) == round(500 * 2200 / 1500)
+    assert calibration.calibrated(store, "s1", "p", "other-model", 1600) == 1600
+    calibration.remember(store, None, "p", "m", reported=10, estimate=10)
+    assert calibration.calibrated(store, None, "p", "m", 1600) == 1600
