@@ -362,3 +362,18 @@ def test_calibration_follows_the_upstreams_reports() -> None:
     assert calibration.calibrated(store, "s1", "p", "other-model", 1600) == 1600
     calibration.remember(store, None, "p", "m", reported=10, estimate=10)
     assert calibration.calibrated(store, None, "p", "m", 1600) == 1600
+
+
+def test_side_requests_keep_their_own_calibration() -> None:
+    """Claude Code's billing header changes per request and is left out; another system
+    prompt (a title or compaction request) is another conversation."""
+    from claude_proxy.routing.calibration import thread
+
+    def system(header: str, prompt: str) -> dict[str, Any]:
+        return {"system": [{"type": "text", "text": f"x-anthropic-billing-header: {header};"},
+                           {"type": "text", "text": prompt}]}
+
+    main = thread(system("cch=1", "You are Claude Code."))
+    assert thread(system("cch=2", "You are Claude Code.")) == main
+    assert thread(system("cch=1", "Summarize the conversation.")) != main
+    assert thread({"system": "You are Claude Code."}) == main

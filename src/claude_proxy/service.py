@@ -245,6 +245,7 @@ class MessagesService:
         tokenizer-free one, when already made)."""
         raw: dict[str | None, int] = {} if plain is None else {None: plain}
         fits: dict[Candidate, preflight.Fit] = {}
+        conversation = calibration.thread(body)
 
         def measure(candidate: Candidate) -> preflight.Fit:
             if candidate not in fits:
@@ -253,7 +254,7 @@ class MessagesService:
                     raw[family] = estimate_request_tokens(body, candidate.model)
                 facts = self.config.models.facts(candidate.provider, candidate.model)
                 tokens = calibration.calibrated(self.store, session, candidate.provider,
-                                                candidate.model, raw[family])
+                                                candidate.model, raw[family], conversation)
                 fits[candidate] = preflight.Fit(candidate, tokens, raw[family],
                                                 facts.context_window, facts.max_output_tokens)
             return fits[candidate]
@@ -420,7 +421,8 @@ class MessagesService:
                     + record.tokens.get("cache_write", 0))
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
-                             reported, record.input_estimate)
+                             reported, record.input_estimate,
+                             calibration.thread(record.client_body))
 
 
 async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

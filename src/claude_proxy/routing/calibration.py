@@ -15,11 +15,19 @@ text), which is what a session grows by. Measured with real Claude Code on a 64k
 marginal one is exact there. A conversation that shrank (Claude Code compacted it) is scaled
 by the whole ratio alone. Without a record: the plain estimate.
 
+Claude Code's side requests in the same session (title, compaction, subagents) are other
+conversations: they have their own system prompt, so the record is kept per system prompt too
+(`thread`, a digest of its text without the billing header, which varies per request), and a
+side request neither uses nor disturbs the main conversation's record.
+
 The record goes through the state store (MessagesService.store) so that every worker and
 replica calibrates from the same turn.
 """
 
 from __future__ import annotations
+
+import hashlib
+from typing import Any
 
 from claude_proxy.state.store import StateStore
 
@@ -32,16 +40,32 @@ CJK text are the far end); a ratio outside that is a sign the record does not de
 conversation."""
 
 
-def _key(session: str, provider: str, model: str) -> str:
-    return f"{KEY_PREFIX}{session}:{provider}:{model}"
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def thread(body: dict[str, Any] | None) -> str:
+    """Which conversation of a session a request continues: a digest of its system prompt
+    (Claude Code's per-request billing header left out)."""
+    system = (body or {}).get("system")
+    blocks = [system] if isinstance(system, str) else system if isinstance(system, list) else []
+    text = "\n".join(str(block.get("text", "")) if isinstance(block, dict) else str(block)
+                     for block in blocks)
+    kept = "\n".join(line for line in text.split("\n")
+                     if not line.startswith(BILLING_HEADER))
+    return hashlib.sha256(kept.encode()).hexdigest()[:16]
+
+
+def _key(session: str, provider: str, model: str, conversation: str) -> str:
+    return f"{KEY_PREFIX}{session}:{conversation}:{provider}:{model}"
 
 
 def calibrated(store: StateStore, session: str | None, provider: str, model: str,
-               estimate: int) -> int:
-    """The estimate corrected by what the upstream reported for this session's last turn."""
+               estimate: int, conversation: str = "") -> int:
+    """The estimate corrected by what the upstream reported for this conversation's last
+    turn (`conversation`: its `thread`)."""
     if not session:
         return estimate
-    record = store.get(_key(session, provider, model))
+    record = store.get(_key(session, provider, model, conversation))
     if record is None:
         return estimate
     reported, then = int(record.get("reported", 0)), int(record.get("estimate", 0))
@@ -55,11 +79,11 @@ def calibrated(store: StateStore, session: str | None, provider: str, model: str
 
 
 def remember(store: StateStore, session: str | None, provider: str, model: str,
-             reported: int, estimate: int) -> None:
+             reported: int, estimate: int, conversation: str = "") -> None:
     """What this turn's upstream reported, beside the estimate made for it."""
     if not session or reported <= 0 or estimate <= 0:
         return
-    key = _key(session, provider, model)
+    key = _key(session, provider, model, conversation)
     record: dict[str, float] = {"reported": reported, "estimate": estimate}
     previous = store.get(key)
     if previous is not None:
