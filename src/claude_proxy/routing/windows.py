@@ -11,11 +11,46 @@ from __future__ import annotations
 
 from typing import Any
 
+_GPT_5_5 = {"context_window": 1_050_000, "max_output_tokens": 128_000}
+# GPT-5.5: 1,050,000 context, 128,000 max output (OpenAI's model page as quoted by
+# docs.oxen.ai gpt-5-5-2026-04-23 and docs.venice.ai gpt-5-5; checked 2026-11-25).
+_GPT_5_4_MINI = {"context_window": 400_000, "max_output_tokens": 128_000}
+# GPT-5.4 mini: 400,000 context, 128,000 max output (vercel.com/ai-gateway/models/openai/
+# gpt-5.4-mini, linking developers.openai.com/api/docs/models/gpt-5.4-mini; 2026-11-25).
+_KIMI_K3 = {"context_window": 1_048_576}
+# Kimi K3: 1,048,576-token context (caudena/beam_weaver v0.1.12 release notes, from Moonshot's
+# model list; the output limit is not confirmed; 2026-11-25).
 _GPT_4O = {"context_window": 128_000, "max_output_tokens": 16_384}
 # platform.openai.com/docs/models/gpt-4o and /gpt-4o-mini: 128,000 context, 16,384 max output
 # (checked 2026-11-25).
 
 BUILT_IN_WINDOWS: dict[tuple[str, str], dict[str, Any]] = {
+    # ---- the profiles' default models
+    ("kimi", "kimi-k3"): _KIMI_K3,
+    # Z.ai GLM-5.3: 1,048,576 context, 131,072 output (openrouter.ai/~z-ai/glm-latest, which
+    # points to GLM 5.3); GLM-5.3-Flash: 1,048,576 context, 128,000 output
+    # (vercel.com/ai-gateway/models/zai/glm-5.3-flash linking docs.z.ai/guides/vlm/glm-5.3-flash;
+    # getmaxim.ai zai/glm-5.3-flash for the output limit; 2026-11-25).
+    ("glm", "glm-5.3"): {"context_window": 1_048_576, "max_output_tokens": 131_072},
+    ("glm", "glm-5.3-flash"): {"context_window": 1_048_576, "max_output_tokens": 128_000},
+    # DeepSeek V4 (Pro and Flash): 1M-token context, 1,048,576 on the API; Flash writes up to
+    # 384K (openrouter.ai/deepseek/deepseek-v4-flash; docs.apiyi.com V4 Flash GA "1M 上下文、
+    # 384K 最大输出"; the V4 technical report: both support one million tokens; 2026-11-25).
+    ("deepseek", "deepseek-v4-pro"): {"context_window": 1_048_576},
+    ("deepseek", "deepseek-v4-flash"): {"context_window": 1_048_576,
+                                        "max_output_tokens": 393_216},
+    # Qwen3.8-Max: 991,000 context, 128,000 output (vercel.com/ai-gateway/models/
+    # qwen3.8-max-0902, the snapshot of qwen3.8-max, linking Model Studio's model page;
+    # 2026-11-25).
+    ("dashscope", "qwen3.8-max"): {"context_window": 991_000, "max_output_tokens": 128_000},
+    ("openai", "gpt-5.5"): _GPT_5_5,
+    ("openai", "gpt-5.4-mini"): _GPT_5_4_MINI,
+    ("azure", "gpt-5.5"): _GPT_5_5,
+    ("azure", "gpt-5.4-mini"): _GPT_5_4_MINI,
+    # OpenRouter serves them with the same limits; its /models list is also read at start.
+    ("openrouter", "moonshotai/kimi-k3"): _KIMI_K3,
+    ("openrouter", "openai/gpt-5.4-mini"): _GPT_5_4_MINI,
+    # ---- earlier defaults, still common in configurations
     # Moonshot: kimi-k2.6 has a 262,144-token window (Kimi K2 family "256k context";
     # vercel.com/ai-gateway/models/kimi-k2.6 "262.1K", served by moonshotai; 2026-11-25).
     ("kimi", "kimi-k2.6"): {"context_window": 262_144},
