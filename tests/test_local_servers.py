@@ -444,3 +444,14 @@ def test_doctor_measures_whether_the_template_renders_tools(
     assert line in lines, result.stdout
     assert "    context        ok    n_ctx 131072" in lines
     assert result.returncode == (0 if renders else 1)
+
+
+def test_llamacpp_profile_discovers_its_window_from_props(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    upstream.props = {**PROPS, "default_generation_settings": {"n_ctx": 8192}}
+    proxy = proxy_factory(provider="llamacpp", big_model="gguf", middle_model="gguf",
+                          small_model="gguf")
+    detail = httpx.get(f"{proxy.url}/health?detail=1", timeout=30).json()
+    assert detail["providers"]["llamacpp"]["models"] == {"gguf": {
+        "context_window": 8192, "max_output_tokens": None,
+        "source": "discovered: llama.cpp /props n_ctx"}}

@@ -60,8 +60,9 @@ class MisconfiguredUpstream(ProxyError):
 
 
 def recognise(error: ProxyError) -> ProxyError:
-    """`error` itself, or a MisconfiguredUpstream when its message is a known one."""
-    if isinstance(error, MisconfiguredUpstream) or not 400 <= error.status < 600:
+    """`error` itself, or a MisconfiguredUpstream when its message is a known one. An error
+    already recognised as something else (a context overflow) stays what it is."""
+    if type(error) is not ProxyError or not 400 <= error.status < 600:
         return error
     for known in KNOWN:
         if known.pattern.search(error.message):
