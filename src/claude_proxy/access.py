@@ -51,6 +51,9 @@ class RequestRecord:
     """Claude Code's `x-claude-code-agent-id` (a subagent)."""
     cost: float | None = None
     """USD, from the upstream's usage and the model's prices (spend.py); None when unpriced."""
+    input_estimate: int = 0
+    """The proxy's own estimate of the input sent (calibrated against what the upstream
+    reports: routing/calibration.py)."""
 
     # What the dashboard's inspector shows. Everything is kept by reference, never copied,
     # so recording costs one list append per client write while a response streams.
