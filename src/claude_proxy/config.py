@@ -29,6 +29,7 @@ PROVIDERS = (
     "ollama",
     "azure",
     "openai",
+    "generic",
 )
 
 
@@ -60,32 +61,48 @@ class ProviderProfile:
     reasoning_with_tools: bool = False
 
 
+# Each profile's `reasoning_with_tools` is what its `.env.<provider>` file says
+# (tests/test_profiles.py holds the two together): the current Kimi, GLM, DeepSeek, Qwen and
+# local models think while calling tools, and Claude Code always sends tools.
 PROFILES: dict[str, ProviderProfile] = {
     "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768, 32768,
-                            "thinking", "reasoning_content", ("kimi-k2",)),
+                            "thinking", "reasoning_content", ("kimi-k2",),
+                            reasoning_with_tools=True),
     "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768, 32768,
                            "thinking", "reasoning_content",
-                           ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5")),
+                           ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5"),
+                           reasoning_with_tools=True),
     "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
                                 "deepseek-chat", 8192, 32768, "thinking", "reasoning_content",
-                                ("deepseek-",)),
+                                ("deepseek-",), reasoning_with_tools=True),
     "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768, 32768,
                                  "enable_thinking", "none",
                                  ("qwen3", "qwen-plus", "qwen-flash", "qwen-turbo", "qwq",
-                                  "glm-", "deepseek-v3")),
+                                  "glm-", "deepseek-v3"), reasoning_with_tools=True),
     "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
-                                  "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",)),
+                                  "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",),
+                                  reasoning_with_tools=True),
     "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
-                            "chat_template_kwargs", "reasoning", ("*",)),
+                            "chat_template_kwargs", "reasoning", ("*",),
+                            reasoning_with_tools=True),
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
-                              "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
+                              "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral"),
+                              reasoning_with_tools=True),
     "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
     "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
+    # A host no hint names: OpenAI's shapes, with the original design's rule that thinking
+    # goes off when the request has tools (older models cannot call functions while
+    # thinking) unless REASONING_WITH_TOOLS=true.
+    "generic": ProviderProfile("generic", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
+                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, False),
 }
 
 DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2")
+# Models whose servers (vLLM, SGLang, llama.cpp) sometimes leave a tool call written as text
+# in the content (docs/text-tool-calls.md).
+DEFAULT_TEXT_TOOL_CALL_PREFIXES = ("qwen3-coder", "qwen3.5", "qwen3.6")
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -105,13 +122,14 @@ _URL_HINTS: tuple[tuple[str, str], ...] = (
 
 
 def infer_provider(base_url: str) -> str:
-    """Guess the provider family from the upstream base URL; unknown hosts are 'openai'."""
+    """Guess the provider family from the upstream base URL; unknown hosts are 'generic'
+    (only api.openai.com, or PROVIDER=openai, gets the OpenAI profile)."""
     parts = urlsplit(base_url.lower())
     where = parts.netloc + parts.path
     for hint, provider in _URL_HINTS:
         if hint in where:
             return provider
-    return "openai"
+    return "generic"
 
 
 class ProviderSettings(BaseModel):
@@ -148,6 +166,9 @@ class ProviderSettings(BaseModel):
     reasoning_with_tools: bool | None = None
     reasoning_passback: Passback | None = None
     think_tag_prefixes: PrefixList = None
+    text_tool_call_prefixes: PrefixList = None
+    """TEXT_TOOL_CALL_PREFIXES: models whose tool calls written as text (Qwen3-Coder's
+    `<function=…>` XML, `<tool_call>` JSON) become tool_use blocks."""
     buffer_stream_model_prefixes: PrefixList = None
     responses_api: bool = True
 
@@ -163,7 +184,7 @@ class ProviderSettings(BaseModel):
     `off` (the Anthropic `unavailable` error, never an answer from memory)."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
-                     "buffer_stream_model_prefixes", mode="before")
+                     "text_tool_call_prefixes", "buffer_stream_model_prefixes", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         """`a,b, c` in the environment; an explicit empty value means 'none'."""
@@ -256,6 +277,12 @@ class ProviderSettings(BaseModel):
         if self.think_tag_prefixes is None:
             return DEFAULT_THINK_TAG_PREFIXES
         return tuple(self.think_tag_prefixes)
+
+    @property
+    def text_tool_call_models(self) -> tuple[str, ...]:
+        if self.text_tool_call_prefixes is None:
+            return DEFAULT_TEXT_TOOL_CALL_PREFIXES
+        return tuple(self.text_tool_call_prefixes)
 
     @property
     def buffered_models(self) -> tuple[str, ...]:

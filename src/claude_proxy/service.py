@@ -200,7 +200,8 @@ class MessagesService:
         return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
                                sign=partial(self.signer.sign, origin=origin),
                                think_tags=upstream.think_tags, leading_think_tags=True,
-                               show_inline_thinking=upstream.thinking, parser=parser)
+                               show_inline_thinking=upstream.thinking,
+                               text_tools=upstream.text_tools, parser=parser)
 
     # ------------------------------------------------------------ routing and failover
 
