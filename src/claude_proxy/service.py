@@ -33,7 +33,7 @@ from claude_proxy.conversion.response_converter import (
     collect_message,
     convert_chunks,
 )
-from claude_proxy.conversion.signatures import Origin, ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError, context_overflow
 from claude_proxy.metrics import Metrics
@@ -169,6 +169,7 @@ class MessagesService:
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
+        body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
         if responses.uses_responses(model, provider.settings):
@@ -197,8 +198,11 @@ class MessagesService:
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
         parser = responses.ResponsesParser() if upstream.api == "responses" else None
+        thinking = body.get("thinking")
+        omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
         return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
-                               sign=partial(self.signer.sign, origin=origin),
+                               sign=partial(self.signer.sign, origin=origin, hidden=omitted),
+                               omit_thinking=omitted,
                                think_tags=upstream.think_tags, leading_think_tags=True,
                                show_inline_thinking=upstream.thinking,
                                text_tools=upstream.text_tools, parser=parser)
