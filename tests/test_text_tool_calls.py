@@ -5,6 +5,7 @@ point, and the whole path through the proxy with the anthropic SDK, streamed and
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from claude_proxy.conversion.text_tool_calls import Piece, TextCall, TextToolCallSplitter
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
+from tests.test_claude_code import CLAUDE_BIN, run_claude
 
 CASES: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "text-tool-calls.json").read_text())["cases"]
@@ -150,3 +152,41 @@ def test_models_not_named_keep_the_text(proxy_factory: Callable[..., ProxyServer
     message, _ = ask(proxy, stream=False)
     assert [block.type for block in message.content] == ["text"]
     assert message.content[0].text == XML_CALL  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------ with the real Claude Code
+
+BASH_AS_TEXT = ("I'll run it.\n\n<tool_call>\n<function=Bash>\n<parameter=command>\n"
+                "echo hi-from-text-call\n</parameter>\n<parameter=description>\nPrint a "
+                "greeting\n</parameter>\n</function>\n</tool_call>")
+
+
+def qwen_bash_responder(body: dict[str, Any]) -> Reply:
+    """Qwen3-Coder behind a server that did not parse its call: the Bash call as text with
+    finish_reason stop, cut mid-tag; then the answer."""
+    if any(message["role"] == "tool" for message in body["messages"]):
+        output = body["messages"][-1]["content"].split("\n", 1)[0]
+        return streamed([f"The command printed: {output.strip()}"])
+    return streamed([BASH_AS_TEXT[:40], BASH_AS_TEXT[40:75], BASH_AS_TEXT[75:]])
+
+
+@pytest.mark.claude_code
+@pytest.mark.skipif(not os.access(CLAUDE_BIN, os.X_OK) and not os.environ.get("CI"),
+                    reason="Claude Code not installed (make test installs it)")
+def test_claude_code_runs_a_tool_call_qwen_wrote_as_text(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(middle_model=QWEN)
+    upstream.responder = qwen_bash_responder
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    tool_uses = [block for line in lines if line["type"] == "assistant"
+                 for block in line["message"]["content"] if block["type"] == "tool_use"]
+    assert [(t["name"], t["input"]) for t in tool_uses] == [
+        ("Bash", {"command": "echo hi-from-text-call", "description": "Print a greeting"})]
+    second = upstream.requests[1]
+    assert second["messages"][-2]["tool_calls"][0]["function"] == {
+        "name": "Bash",
+        "arguments": '{"command":"echo hi-from-text-call","description":"Print a greeting"}'}
+    assert second["messages"][-1]["content"].startswith("hi-from-text-call")
+    assert lines[-1]["result"] == "The command printed: hi-from-text-call"
+    assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2
