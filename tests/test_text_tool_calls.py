@@ -13,7 +13,12 @@ from typing import Any
 import anthropic
 import pytest
 
-from claude_proxy.conversion.text_tool_calls import Piece, TextCall, TextToolCallSplitter
+from claude_proxy.conversion.text_tool_calls import (
+    MAX_ENVELOPE_CHARS,
+    Piece,
+    TextCall,
+    TextToolCallSplitter,
+)
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
 from tests.test_claude_code import CLAUDE_BIN, run_claude
@@ -70,6 +75,17 @@ def test_text_that_only_mentions_a_marker_comes_out_unchanged() -> None:
     tools = {"square_the_number": CASES[0]["tools"]["square_the_number"]}
     for text in ("a < b and <tool", "use <function=x> to call", "<tool_call>not json</tool_call>"):
         assert split(text, tools, [3, 9]) == [("text", text)]
+
+
+def test_two_calls_and_an_envelope_too_long_to_hold() -> None:
+    weather = CASES[2]["tools"]
+    one = CASES[2]["content"].split("\n\n", 1)[1]
+    two = one.replace("Tokyo, Japan", "Paris")
+    assert split(one + "\n" + two, weather, [50, 120]) == [
+        ("call", TextCall("get_current_weather", {"location": "Tokyo, Japan"})),
+        ("text", "\n"), ("call", TextCall("get_current_weather", {"location": "Paris"}))]
+    endless = "<tool_call>\n" + "x" * MAX_ENVELOPE_CHARS
+    assert split(endless, weather, [20]) == [("text", endless)]
 
 
 # ------------------------------------------------------------ through the proxy

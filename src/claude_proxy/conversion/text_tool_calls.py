@@ -69,6 +69,9 @@ class TextToolCallSplitter:
         self._held = ""
         self._closing: str | None = None
         """Inside an envelope: the tag that ends it."""
+        self._scanned = 0
+        """How much of the held envelope is known not to hold its closing tag (a long call
+        fed in small pieces is then searched once, not once per piece)."""
 
     def feed(self, piece: str) -> list[Piece]:
         text = self._held + piece
@@ -84,7 +87,7 @@ class TextToolCallSplitter:
         held, self._held = self._held, ""
         if self._closing is None:
             return [("text", held)] if held else []
-        self._closing = None
+        self._closing, self._scanned = None, 0
         return self._envelope(held)
 
     def _in_text(self, text: str, out: list[Piece]) -> str:
@@ -98,22 +101,23 @@ class TextToolCallSplitter:
         position, tag = found
         if position:
             out.append(("text", text[:position]))
-        self._closing = _CLOSING[tag]
+        self._closing, self._scanned = _CLOSING[tag], 0
         self._held = ""
         return self._in_envelope(text[position:], out)
 
     def _in_envelope(self, text: str, out: list[Piece]) -> str:
         assert self._closing is not None
-        end = text.find(self._closing)
+        end = text.find(self._closing, self._scanned)
         if end < 0:
             if len(text) > MAX_ENVELOPE_CHARS:
-                self._closing = None
+                self._closing, self._scanned = None, 0
                 out.append(("text", text))
                 return ""
             self._held = text
+            self._scanned = max(0, len(text) - len(self._closing) + 1)
             return ""
         end += len(self._closing)
-        self._closing = None
+        self._closing, self._scanned = None, 0
         out.extend(self._envelope(text[:end]))
         return text[end:]
 
