@@ -5,6 +5,7 @@ made by tests/record_claude_code_requests.py) is all in the tables."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from claude_proxy.conversion.fields import (
     Treatment,
     member_tables,
 )
+from tests.claude_code_pin import default_claude_bin, pinned_version
 from tests.conftest import ProxyServer, load_fixture
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
 from tests.test_fields import MINIMAL, TOOL, send
@@ -28,7 +30,8 @@ CLEAN_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 RECORDED = ["claude-code-2.1.332-first-request.json",
-            "claude-code-2.1.332-tool-loop-second-request.json"]
+            "claude-code-2.1.332-tool-loop-second-request.json",
+            "claude-code-2.1.332-subagent-request.json"]
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +184,17 @@ def test_what_claude_code_2_1_332_sends_is_in_the_tables(
     assert "DeferredToolPlaceholder" not in {tool["function"]["name"] for tool in sent["tools"]}
     assert [message["role"] for message in sent["messages"]][:3] == ["system", "user", "system"]
     assert response.json()["content"][-1]["text"] == "scripted default"
+
+
+def test_the_pinned_claude_code_has_recorded_requests() -> None:
+    """Bumping the Makefile's pin means recording what that release sends
+    (tests/record_claude_code_requests.py), so these tables are checked against it."""
+    version = pinned_version()
+    assert default_claude_bin().parts[-5] == f"claude-code-{version}" or "CLAUDE_BIN" in os.environ
+    for name in ("first-request", "tool-loop-second-request", "subagent-request"):
+        recorded = load_fixture(f"claude-code-{version}-{name}.json")
+        assert recorded["provenance"]["claude_code"] == version
+        assert recorded["headers"]["user-agent"].startswith(f"claude-cli/{version} ")
+    subagent = load_fixture(f"claude-code-{version}-subagent-request.json")
+    assert "x-claude-code-agent-id" in subagent["headers"]
+    assert subagent["body"]["thinking"]["display"] == "omitted"
