@@ -32,11 +32,11 @@ TOOLS_LOG_LINE = ("thinking turned off: the request has tools and profile generi
                   "think with tools (set REASONING_WITH_TOOLS=true to keep it)")
 
 
-def _ask_with_tools(url: str) -> anthropic.types.Message:
+def _ask_with_tools(url: str, budget: int = 4096) -> anthropic.types.Message:
     client = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
     return client.messages.create(
-        model="claude-sonnet-4-6", max_tokens=4096, tools=[TOOL],  # type: ignore[list-item]
-        thinking={"type": "enabled", "budget_tokens": 4096},
+        model="claude-sonnet-4-6", max_tokens=16384, tools=[TOOL],  # type: ignore[list-item]
+        thinking={"type": "enabled", "budget_tokens": budget},
         messages=[{"role": "user", "content": "Weather in Paris?"}])
 
 
@@ -93,19 +93,22 @@ def test_a_toml_table_with_only_provider_kimi_thinks_with_tools(
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
         assert eventually(lambda: serving(url))
-        upstream.queue(completion({"content": "Sunny."}))
-        _ask_with_tools(url)
+        upstream.queue(completion({"reasoning_content": "Paris: ask the weather tool.",
+                                   "content": "Sunny."}))
+        message = _ask_with_tools(url, budget=12000)
     finally:
         stop_server(server, thread)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == "Paris: ask the weather tool."  # type: ignore[union-attr]
     assert upstream.requests == [{
-        "model": "kimi-k2.6",
+        "model": "kimi-k3",
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "max_tokens": 4096,
+        "max_tokens": 16384,
         "tools": [{"type": "function", "function": {
             "name": "get_weather", "description": "Weather of a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}}],
-        "thinking": {"type": "enabled"},
+        "reasoning_effort": "high",  # Kimi K3's scale: a 12000-token budget (off: "low")
     }]
 
 
