@@ -210,8 +210,8 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
-        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
-                     self.providers)
+        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session),
+                                            subagent=record.agent != "-"), self.providers)
         cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
