@@ -244,5 +244,5 @@ def _table(title: str, rows: Iterable[tuple[str, Rule]]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields` prints the tables of docs/api.md
+if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields`: the tables of docs/api.md
     print(markdown_tables())
