@@ -27,7 +27,8 @@ has landed it is checked like any other."""
 PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
-               "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py"}
+               "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
+               "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py"}
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman"}
