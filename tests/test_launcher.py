@@ -347,13 +347,20 @@ def test_models_list_has_the_route_ids(tmp_path: Path, upstream: ScriptedUpstrea
 
 def test_window_is_the_long_context_routes_when_larger(
         tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    """long-model has no known window: only main-model's 64000 (provider level) counts; the
-    background route's 32000 is haiku's, not the main loop's."""
+    """Every model of `up` has 64000 (provider level) but small-model (32000), which serves
+    haiku only: not a conversation Claude Code compacts."""
     config = load_config_file(routes_file(tmp_path, upstream), Settings())
     env = claude_code_environment(config, "0.0.0.0", 8082)
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "64000"
     bigger = config.models.with_provider("up", "openai", {"context_window": 64000}, {
-        "long-model": {"context_window": 200000}}, "[providers.up]")
+        "long-model": {"context_window": 200000}, "sub-model": {"context_window": 200000}},
+                                         "[providers.up]")
     env = claude_code_environment(replace(config, models=bigger), "::1", 8082)
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "200000"
     assert env["ANTHROPIC_BASE_URL"] == "http://[::1]:8082"
+    # a subagent's conversation grows under the same figure: never more than its route's
+    smaller = bigger.with_provider("up", "openai", {"context_window": 64000}, {
+        "long-model": {"context_window": 200000}, "sub-model": {"context_window": 100000}},
+                                   "[providers.up]")
+    env = claude_code_environment(replace(config, models=smaller), "::1", 8082)
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "100000"

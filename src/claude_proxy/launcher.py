@@ -97,15 +97,22 @@ def route_candidates(router: Router, name: str) -> list[Candidate]:
 
 
 def main_window(config: ProxyConfig, router: Router) -> int | None:
-    """The smallest known window among the main route's candidates; when a `long_context`
-    route is configured and its smallest window is larger, that one (the proxy sends long
-    requests there, so Claude Code may grow its context up to it). None: nothing known."""
-    main = smallest(windows(config, route_candidates(router, "default")))
+    """The window Claude Code should compact by (one figure for every model it uses):
+
+    - the smallest known window among the main route's candidates;
+    - when a `long_context` route is configured and its smallest window is larger, that one
+      (the proxy sends long requests there, so the main loop may grow up to it);
+    - no larger than the smallest window of the `subagent` route, when configured: a
+      subagent's conversation grows under the same figure.
+    None: no window is known."""
+    window = smallest(windows(config, route_candidates(router, "default")))
     if router.route("long_context"):
         longest = smallest(windows(config, route_candidates(router, "long_context")))
-        if longest is not None and (main is None or longest > main):
-            return longest
-    return main
+        if longest is not None and (window is None or longest > window):
+            window = longest
+    if router.route("subagent"):
+        window = smallest([window, *windows(config, route_candidates(router, "subagent"))])
+    return window
 
 
 def main_output_limit(config: ProxyConfig, router: Router) -> int:
