@@ -144,6 +144,7 @@ def test_without_claude_code_the_message_says_how_to_get_it(
         tmp_path: Path, upstream: ScriptedUpstream) -> None:
     config = env_file(tmp_path, upstream, free_port())
     env = clean_env(tmp_path, PATH=str(tmp_path))
+    env.pop("CLAUDE_BIN", None)
     result = subprocess.run([sys.executable, "-m", "claude_proxy", "claude", "--env-file",
                              str(config)], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
