@@ -44,8 +44,10 @@ NO_CACHE_USE = {"prompt_tokens": 0, "cache_read_tokens": 0, "cache_hit_ratio": 0
 
 
 def health_detail(providers: Mapping[str, Provider],
-                  cache: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Each provider's breaker state and prompt-cache hit ratio (`metrics.CacheStats`).
+                  cache: Mapping[str, dict[str, Any]] | None = None,
+                  windows: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each provider's breaker state, prompt-cache hit ratio (`metrics.CacheStats`) and
+    its models' context windows with where each came from (`discovery.windows`).
     Kept per process: the answer says which one."""
     detail: dict[str, Any] = {}
     for name, provider in providers.items():
@@ -54,6 +56,7 @@ def health_detail(providers: Mapping[str, Provider],
         snapshot["cooling_until"] = (None if until is None else datetime.fromtimestamp(
             until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         detail[name] = {"profile": provider.settings.provider_name, **snapshot,
-                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE)}
+                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE),
+                        "models": (windows or {}).get(name, {})}
     return {"scope": f"this process only (pid {os.getpid()}); other workers or replicas "
                      "keep their own state", "providers": detail}
