@@ -1,15 +1,11 @@
 """Real Claude Code (the pinned 2.1.328, and the newest one when installed) started by
-`claude-proxy claude -p …`, against a scripted upstream whose window is 64 k tokens.
-
-The upstream counts a prompt as its JSON characters / 4 (what it also reports as
-`prompt_tokens`, so Claude Code sees the same figure) and refuses one over its window with
-OpenAI's overflow error, as a real server would.
-"""
+`claude-proxy claude -p …`: a session past a 64 k window, and a Task subagent."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import UPSTREAM_KEY, clean_env, free_port
-from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, error_reply, text_stream
+from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, text_stream
+from tests.test_claude_code_windows import FINAL, WINDOW, WindowedUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = Path(os.environ.get(
@@ -28,9 +25,6 @@ PINNED = Path(os.environ.get(
 NEWEST = Path(os.environ.get(
     "CLAUDE_BIN_NEWEST",
     ROOT / ".cache/claude-code-2.1.332/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
-WINDOW = 65536
-COMPACT_PROMPT = "Your task is to create a detailed summary of the conversation so far"
-SUMMARY = "Summary: the user asked to read the numbered files one by one; files read so far."
 
 pytestmark = pytest.mark.claude_code
 
@@ -44,62 +38,6 @@ def binaries() -> list[Any]:
         found.append(pytest.param(path, id=label, marks=[] if usable or required else [
             pytest.mark.skip(reason=f"Claude Code ({label}) not installed")]))
     return found
-
-
-def prompt_tokens(body: dict[str, Any]) -> int:
-    text = json.dumps({"messages": body["messages"], "tools": body.get("tools")},
-                      ensure_ascii=False)
-    return len(text) // 4
-
-
-def usage(body: dict[str, Any]) -> dict[str, int]:
-    tokens = prompt_tokens(body)
-    return {"prompt_tokens": tokens, "completion_tokens": 20, "total_tokens": tokens + 20}
-
-
-def read_call(path: Path, call: int, tokens: dict[str, int]) -> Reply:
-    return Reply(events=[
-        chunk({"role": "assistant", "tool_calls": [{
-            "index": 0, "id": f"call_read_{call}", "type": "function",
-            "function": {"name": "Read", "arguments": json.dumps({"file_path": str(path)})}}]}),
-        chunk({}, "tool_calls"), chunk(None, None, tokens)])
-
-
-class WindowedUpstream:
-    """Refuses prompts over the window; otherwise reads the files one per turn, answers a
-    compaction request with a summary, and ends once every file was read."""
-
-    def __init__(self, files: list[Path]) -> None:
-        self.files = files
-        self.reads = 0
-        self.sizes: list[int] = []
-        self.refused: list[int] = []
-        self.compactions = 0
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        tokens = prompt_tokens(body)
-        self.sizes.append(tokens)
-        if tokens > WINDOW:
-            self.refused.append(tokens)
-            return error_reply(400, f"This model's maximum context length is {WINDOW} tokens. "
-                                    f"However, your messages resulted in {tokens} tokens.")
-        if COMPACT_PROMPT in json.dumps(body["messages"][-1]):
-            self.compactions += 1
-            return text_stream([SUMMARY], usage=usage(body))
-        if body.get("tools") and self.reads < len(self.files):
-            self.reads += 1
-            return read_call(self.files[self.reads - 1], self.reads, usage(body))
-        return text_stream(["All files read."], usage=usage(body))
-
-
-def numbered_files(work: Path, count: int, tokens_each: int) -> list[Path]:
-    files = []
-    for n in range(count):
-        path = work / f"part{n}.txt"
-        line = f"file {n} line of filler text for the context window test 0123456789\n"
-        path.write_text(line * (tokens_each * 4 // len(line)))
-        files.append(path)
-    return files
 
 
 def launch_claude(tmp_path: Path, binary: Path, config_args: list[str], prompt: str,
@@ -131,21 +69,21 @@ def env_file(tmp_path: Path, upstream: ScriptedUpstream) -> Path:
 @pytest.mark.parametrize("binary", binaries())
 def test_a_long_session_compacts_by_itself_within_the_window(
         tmp_path: Path, upstream: ScriptedUpstream, binary: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    files = numbered_files(work, 5, 12000)
-    script = WindowedUpstream(files)
-    upstream.responder = script
+    """The session of tests/test_claude_code_windows.py, through the launcher: Claude Code
+    knows the window, so it compacts before any request is too long — the proxy refuses
+    nothing and nothing over the window reaches the upstream."""
+    model = WindowedUpstream()
+    upstream.responder = model
     _, lines = launch_claude(tmp_path, binary, ["--env-file", str(env_file(tmp_path, upstream))],
-                             "Read part0.txt to part4.txt one at a time.",
-                             "--allowedTools", "Read")
+                             "Print numbers with seq again and again until told to stop.",
+                             "--allowedTools", "Bash(seq:*)")
     result = lines[-1]
-    assert result["is_error"] is False and result["result"] == "All files read."
+    assert result["is_error"] is False and result["result"] == FINAL
     assert [usage["contextWindow"] for usage in result["modelUsage"].values()] == [WINDOW]
-    assert script.reads == len(files) and script.compactions >= 1
-    assert script.refused == [] and max(script.sizes) <= WINDOW
-    assert script.sizes[0] + 5 * 12000 > WINDOW  # the session really outgrew the window
-    assert all(request["model"] in ("big-up", "small-up") for request in upstream.requests)
+    assert model.compactions >= 1 and model.too_long == [] and max(model.sizes) <= WINDOW
+    statuses = re.findall(r"POST /v1/messages .* status=(\d+)",
+                          (tmp_path / "logs" / "claude-proxy.log").read_text())
+    assert len(statuses) == len(model.sizes) and set(statuses) == {"200"}  # none refused
 
 
 def subagent_config(tmp_path: Path, upstream: ScriptedUpstream) -> Path:
