@@ -31,7 +31,8 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py"}
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
-OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman"}
+OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
+                  "OLLAMA_CONTEXT_LENGTH": "Ollama"}
 USER_CHOSEN = {"KIMI_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_CHAT"}
 """Names the reader chooses (a secret read with `env:NAME`, a tool-group NAME)."""
 PREFIX_FAMILIES = ("TOOL_GROUPS_DISABLED_", "TOOL_GROUP_")
