@@ -78,12 +78,13 @@ def base_env(tmp_path: Path, **extra: str) -> dict[str, str]:
                      STANDIN_DUMP=str(tmp_path / "dump.json"), PWD=str(tmp_path), **extra)
 
 
-def changed(after: dict[str, str], before: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in after.items() if before.get(k) != v}
+def changed(after: dict[str, str], before: dict[str, str]) -> dict[str, str | None]:
+    """What differs, None for a variable removed."""
+    return {k: after.get(k) for k in {**before, **after} if before.get(k) != after.get(k)}
 
 
 EXPECTED = {
-    "ANTHROPIC_AUTH_TOKEN": ODD_KEY, "ANTHROPIC_API_KEY": "",
+    "ANTHROPIC_AUTH_TOKEN": ODD_KEY, "ANTHROPIC_API_KEY": None,
     "ANTHROPIC_MODEL": "route:big", "ANTHROPIC_DEFAULT_OPUS_MODEL": "route:big",
     "ANTHROPIC_DEFAULT_SONNET_MODEL": "route:middle",
     "ANTHROPIC_DEFAULT_HAIKU_MODEL": "route:small",
@@ -189,11 +190,12 @@ def test_env_output_sets_what_the_launcher_sets(tmp_path: Path, upstream: Script
 
 
 def test_env_lines_per_shell() -> None:
-    env = {"A": "it's", "B": ""}
-    assert shell_lines(env, "bash") == ["export A='it'\"'\"'s'", "export B=''"]
+    env = {"A": "it's", "B": "", "C": None}
+    assert shell_lines(env, "bash") == ["export A='it'\"'\"'s'", "export B=''", "unset C"]
     assert shell_lines(env, "zsh") == shell_lines(env, "bash")
-    assert shell_lines(env, "fish") == ["set -gx A 'it\\'s'", "set -gx B ''"]
-    assert shell_lines(env, "powershell") == ["$env:A = 'it''s'", "$env:B = ''"]
+    assert shell_lines(env, "fish") == ["set -gx A 'it\\'s'", "set -gx B ''", "set -e C"]
+    assert shell_lines(env, "powershell") == [
+        "$env:A = 'it''s'", "$env:B = ''", "Remove-Item Env:C -ErrorAction SilentlyContinue"]
 
 
 ROUTES = """
@@ -231,7 +233,7 @@ def test_env_with_routes_names_the_routes(tmp_path: Path, upstream: ScriptedUpst
     assert result.stdout.splitlines() == [
         "export ANTHROPIC_BASE_URL=http://127.0.0.1:9999",
         "export ANTHROPIC_AUTH_TOKEN=claude-proxy",
-        "export ANTHROPIC_API_KEY=''",
+        "unset ANTHROPIC_API_KEY",
         "export ANTHROPIC_MODEL=route:default",
         "export ANTHROPIC_DEFAULT_OPUS_MODEL=route:default",
         "export ANTHROPIC_DEFAULT_SONNET_MODEL=route:default",

@@ -42,12 +42,19 @@ WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 # ------------------------------------------------------------------ what Claude Code is told
 
 
-def claude_code_environment(config: ProxyConfig, host: str, port: int) -> dict[str, str]:
+Environment = dict[str, str | None]
+"""Variable → value, or None: the variable is removed."""
+
+
+def claude_code_environment(config: ProxyConfig, host: str, port: int) -> Environment:
     """The variables that point Claude Code at this proxy, in the order they are printed.
 
     - ANTHROPIC_BASE_URL: this proxy; ANTHROPIC_AUTH_TOKEN: its client key (sent as
       `Authorization: Bearer`, which Claude Code uses without asking to approve a key), and
-      ANTHROPIC_API_KEY emptied so that a real Anthropic key in the shell is not sent here.
+      ANTHROPIC_API_KEY removed: Claude Code would ask, in interactive mode, whether to use it
+      (default "no"), and a real Anthropic key in the shell must not be sent here. Removed, not
+      emptied, so that a proxy started later from the same shell still reads its client key
+      from its env file.
     - ANTHROPIC_MODEL and ANTHROPIC_DEFAULT_OPUS/SONNET/HAIKU_MODEL: route ids. The main model
       must be set as well: Claude Code appends `[1m]` to a custom opus id and then assumes a
       1 M window.
@@ -57,13 +64,13 @@ def claude_code_environment(config: ProxyConfig, host: str, port: int) -> dict[s
     """
     router = Router(config.providers, config.router)
     ids = model_ids(router)
-    env = {"ANTHROPIC_BASE_URL": f"http://{client_host(host)}:{port}",
-           "ANTHROPIC_AUTH_TOKEN": client_key(config),
-           "ANTHROPIC_API_KEY": "",
-           "ANTHROPIC_MODEL": ids["opus"],
-           "ANTHROPIC_DEFAULT_OPUS_MODEL": ids["opus"],
-           "ANTHROPIC_DEFAULT_SONNET_MODEL": ids["sonnet"],
-           "ANTHROPIC_DEFAULT_HAIKU_MODEL": ids["haiku"]}
+    env: Environment = {"ANTHROPIC_BASE_URL": f"http://{client_host(host)}:{port}",
+                        "ANTHROPIC_AUTH_TOKEN": client_key(config),
+                        "ANTHROPIC_API_KEY": None,
+                        "ANTHROPIC_MODEL": ids["opus"],
+                        "ANTHROPIC_DEFAULT_OPUS_MODEL": ids["opus"],
+                        "ANTHROPIC_DEFAULT_SONNET_MODEL": ids["sonnet"],
+                        "ANTHROPIC_DEFAULT_HAIKU_MODEL": ids["haiku"]}
     if "subagent" in ids:
         env["CLAUDE_CODE_SUBAGENT_MODEL"] = ids["subagent"]
     window = main_window(config, router)
@@ -151,14 +158,19 @@ def client_host(host: str) -> str:
 # ------------------------------------------------------------------ claude-proxy env
 
 
-def shell_lines(env: Mapping[str, str], shell: str) -> list[str]:
-    """One line per variable, quoted for `shell` (an empty value sets the variable empty)."""
+def shell_lines(env: Mapping[str, str | None], shell: str) -> list[str]:
+    """One line per variable, quoted for `shell`; None removes the variable."""
+    return [shell_line(name, value, shell) for name, value in env.items()]
+
+
+def shell_line(name: str, value: str | None, shell: str) -> str:
     if shell == "fish":
-        return [f"set -gx {name} {fish_quote(value)}" for name, value in env.items()]
+        return f"set -e {name}" if value is None else f"set -gx {name} {fish_quote(value)}"
     if shell == "powershell":
-        return [f"$env:{name} = '{value.replace(chr(39), chr(39) * 2)}'"
-                for name, value in env.items()]
-    return [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+        if value is None:
+            return f"Remove-Item Env:{name} -ErrorAction SilentlyContinue"
+        return f"$env:{name} = '{value.replace(chr(39), chr(39) * 2)}'"
+    return f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"
 
 
 def fish_quote(value: str) -> str:
@@ -253,12 +265,19 @@ def run_claude(config: ProxyConfig, host: str, port: int, claude_args: Sequence[
     """Claude Code against this proxy; its exit status is the command's."""
     env = claude_code_environment(config, host, port)
     binary = claude_binary(os.environ)
+    base_url = str(env["ANTHROPIC_BASE_URL"])
     background = None
-    if not answers(env["ANTHROPIC_BASE_URL"]):
-        background = BackgroundProxy(serve_args, env["ANTHROPIC_BASE_URL"])
+    if not answers(base_url):
+        background = BackgroundProxy(serve_args, base_url)
         background.wait_ready()
+    child = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            child.pop(name, None)
+        else:
+            child[name] = value
     try:
-        return run_child([binary, *claude_args], {**os.environ, **env})
+        return run_child([binary, *claude_args], child)
     finally:
         if background is not None:
             background.stop()
