@@ -20,7 +20,8 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-claude-latest test-container lint typecheck unit bench clean browser
+.PHONY: run test test-claude-latest test-container lint typecheck unit bench clean browser \
+	shells
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,12 +58,22 @@ browser:
 		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
 			"the dashboard's browser tests will be skipped"; }
 
+## shells: Debian's fish, so that the tests can evaluate `claude-proxy env --shell fish` (bash
+## is there already)
+shells:
+	@command -v fish >/dev/null 2>&1 || { echo "installing fish (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			fish >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: fish could not be installed (not root?):" \
+			"the fish test of claude-proxy env will be skipped"; }
+
 ## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
 run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser shells lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-claude-latest: the Claude Code tests against npm's `latest` (installed afresh into

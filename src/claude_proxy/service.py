@@ -263,7 +263,8 @@ class MessagesService:
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
         measure = self.measure(body, session, estimate)
-        candidates = self.router.candidates(body, estimate, self.sessions.previous(session))
+        candidates = self.router.candidates(body, estimate, self.sessions.previous(session),
+                                            subagent=record.agent != "-")
         fits = preflight.plan(candidates, self.router.route("long_context"), measure)
         walk = _Walk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)

@@ -2,8 +2,8 @@
 with what the proxy does with it: translated, ignored because harmless, or refused.
 
 The rule: a field the proxy does not carry out is never swallowed when it changes what the
-client gets back; such a field is refused with a 400 the client can act on. The README's
-field table is rendered from `REQUEST_FIELDS` and `BETA_VALUES` (`markdown_tables()`), and
+client gets back; such a field is refused with a 400 the client can act on. The field
+table of docs/api.md is rendered from `REQUEST_FIELDS` and `BETA_VALUES` (`markdown_tables()`), and
 `tests/test_fields.py` has one test per row.
 
 Fields and beta values missing from the tables are let through and logged once per name at
@@ -34,7 +34,7 @@ class Treatment(StrEnum):
 class Rule:
     treatment: Treatment
     how: str
-    """What the proxy does with it, in one line (the README's last column)."""
+    """What the proxy does with it, in one line (the last column of docs/api.md)."""
 
 
 T, IGN, REF = Treatment.TRANSLATED, Treatment.IGNORED, Treatment.REFUSED
@@ -265,7 +265,7 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
 
 
 def markdown_tables() -> str:
-    """The README's field tables, rendered from the code's."""
+    """The field tables of docs/api.md, rendered from the code's."""
     return "\n".join([*_table("request field", REQUEST_FIELDS.items()), "",
                       *_table("`anthropic-beta` value", BETA_VALUES.items())])
 
@@ -282,7 +282,7 @@ def member_tables() -> str:
                       *_table("header", HEADERS.items())])
 
 
-if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields` prints the README tables
+if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields`: the tables of docs/api.md
     print(markdown_tables())
     print()
     print(member_tables())
