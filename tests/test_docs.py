@@ -4,7 +4,6 @@ variable they name exists, and docs/configuration.md documents every setting."""
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from claude_proxy.config import Settings
 from claude_proxy.launcher import CLAUDE_BIN_VARIABLE, claude_code_environment
 from claude_proxy.routing.config import RouterSettings, single_provider_config
 from claude_proxy.routing.model_facts import FACT_KEYS
+from tests.claude_code_pin import default_claude_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -128,20 +128,18 @@ def test_configuration_documents_every_setting() -> None:
     assert missing == []
 
 
-CLAUDE_BIN = Path(os.environ.get(
-    "CLAUDE_BIN",
-    ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
+CLAUDE_BIN = default_claude_bin()
 
 
-@pytest.mark.skipif(not (CLAUDE_BIN if CLAUDE_BIN.is_absolute() else ROOT / CLAUDE_BIN
-                         ).is_file(), reason="Claude Code not installed (make test installs it)")
+@pytest.mark.skipif(not CLAUDE_BIN.is_file(),
+                    reason="Claude Code not installed (make test installs it)")
 def test_claude_codes_variables_are_claude_codes() -> None:
     """Every Claude Code variable the docs name (and the launcher sets) is in its binary."""
     names = {name for page in PAGES for name in documented_variables(page)
              if name.startswith(("CLAUDE_CODE_", "ANTHROPIC_")) and "*" not in name
              and name.upper().lower() not in Settings.model_fields}
     names |= launcher_variables() - {CLAUDE_BIN_VARIABLE}
-    binary = CLAUDE_BIN if CLAUDE_BIN.is_absolute() else ROOT / CLAUDE_BIN
+    binary = CLAUDE_BIN
     wanted = {name.encode() for name in names}
     found: set[bytes] = set()
     tail = b""
