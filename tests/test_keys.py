@@ -328,8 +328,8 @@ def test_a_key_sees_only_itself_and_the_administrator_sees_all(
 
     log = (SuiteRecord.log_file.read_text(encoding="utf-8")
            if SuiteRecord.log_file is not None else "")
-    assert " key=alice provider=alpha route=default " in log
-    assert " key=bob provider=beta route=explicit " in log
+    assert " key=alice session=session-a agent=- provider=alpha route=default " in log
+    assert " key=bob session=session-b agent=- provider=beta route=explicit " in log
 
 
 # ---------------------------------------------------------------- budgets and limits

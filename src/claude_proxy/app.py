@@ -43,7 +43,7 @@ from claude_proxy.routing.discovery import unknown_windows, windows
 from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
-from claude_proxy.spend import AGENT_HEADER, Ledger
+from claude_proxy.spend import Ledger
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
 from claude_proxy.ui.recorder import Recorder, provider_health
@@ -217,9 +217,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
         identity = identify(request)
-        record = current_record()
-        record.session = request.headers.get(SESSION_HEADER)
-        record.agent = request.headers.get(AGENT_HEADER)
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(MessagesRequest, payload)
         screen_request(body, request.headers.get("anthropic-beta"))
@@ -232,6 +229,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         if body.get("stream"):
             converter, stream = await before_first_byte(
                 request, service.open_stream(body, session), deadline)
+            record = current_record()
 
             async def finish() -> None:
                 await stream.aclose()

@@ -28,8 +28,6 @@ from claude_proxy.state.store import Record, StateStore
 
 logger = logging.getLogger("claude_proxy.spend")
 
-AGENT_HEADER = "x-claude-code-agent-id"
-"""Claude Code's subagent id, recorded beside the session id."""
 CHARGED_PATHS = frozenset({"/v1/messages"})
 ADMIN_PERIOD: Period = "month"
 USAGE_FIELDS = ("input", "output", "cache_read", "cache_write")

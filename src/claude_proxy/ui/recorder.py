@@ -163,6 +163,8 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "provider": provider,
         "model": model,
         "route": record.route,
+        "session": record.session,
+        "agent": record.agent,
         "key": record.key,
         "cost": record.cost,
         "failover": list(record.failover),
