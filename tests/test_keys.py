@@ -644,7 +644,11 @@ def test_dashboard_shows_the_keys_panel_and_the_cost_column(
         assert "spent" in (page.get_attribute(carol, "class") or "")
         assert page.inner_text("#requests tbody tr .c-cost") == "$1.05"
         assert page.inner_text("#requests tbody tr .c-key") == "carol"
+        assert page.is_visible("#requests th.c-cost") and page.is_visible("#keys-panel")
         assert errors == []
+        shots = Path(__file__).resolve().parents[1] / ".cache" / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "keys-panel.png"))  # for a look (not committed)
         browser.close()
 
 

@@ -244,12 +244,13 @@ function renderProviders() {
 
 function dollars(value) {
   if (value === null || value === undefined) return "–";
-  return "$" + value.toFixed(value >= 1 ? 2 : 4);
+  return "$" + value.toFixed(value >= 1 || value === 0 ? 2 : 4);
 }
 
 function renderKeys() {
   const keys = (state.live && state.live.keys) || [];
   document.getElementById("keys-panel").hidden = keys.length === 0;
+  document.body.classList.toggle("with-keys", keys.length > 0);
   document.getElementById("keys").replaceChildren(...keys.map((k) => {
     const budget = k.budget === null || k.budget === undefined ? null : k.budget;
     const used = budget ? Math.min(k.spent / budget, 1) : 0;
