@@ -46,6 +46,7 @@ from tests.scripted_upstream import (
     stop_server,
     text_stream,
 )
+from tests.test_claude_code_local import BINARIES
 
 NOON = datetime(2026, 11, 25, 12, 0, 30, tzinfo=UTC).timestamp()
 """Wednesday 25 November 2026, 12:00:30 UTC: 30 s into a minute."""
@@ -547,14 +548,9 @@ def test_without_keys_the_client_key_works_as_before(proxy: ProxyServer,
 # ---------------------------------------------------------------- with real Claude Code
 
 
-CLAUDE_BINARIES = {
-    "pinned": Path(os.environ.get("CLAUDE_BIN", Path(__file__).resolve().parents[1] / ".cache/"
-                   "claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude")),
-    "newest": Path(os.environ.get("CLAUDE_BIN_NEWEST", Path(__file__).resolve().parents[1]
-                   / ".cache/claude-code-2.1.332/node_modules/@anthropic-ai/"
-                   "claude-code-linux-x64/claude")),
-}
-"""The pinned Claude Code and the newest (CLAUDE_BIN, CLAUDE_BIN_NEWEST override)."""
+CLAUDE_BINARIES = BINARIES
+"""The pinned Claude Code (CLAUDE_BIN, else the Makefile's pin) and the newest
+(CLAUDE_BIN_NEWEST)."""
 
 
 @pytest.mark.claude_code
