@@ -92,10 +92,10 @@ class _Walk:
         self.failures: list[tuple[Candidate, ProxyError]] = []
         self.rerouted = False
 
-    def next(self) -> Candidate | None:
+    async def next(self) -> Candidate | None:
         while self.queue:
             candidate = self.queue.pop(0)
-            if self.providers[candidate.provider].health.acquire():
+            if await self.providers[candidate.provider].health.take():
                 return candidate
             self.skipped.append(candidate)
         if self.failures or not self.skipped:
@@ -127,7 +127,7 @@ class MessagesService:
         self.router = Router({name: p.settings for name, p in providers.items()}, config.router)
         self.signer = signer
         self.metrics = metrics
-        self.sessions = SessionSizes()
+        self.sessions = SessionSizes(self.store)
 
     @property
     def client(self) -> OpenAIClient:
@@ -210,17 +210,17 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
-        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
-                     self.providers)
+        previous = await self.sessions.recall(session)
+        walk = _Walk(self.router.candidates(body, estimate, previous), self.providers)
         cache_key = session_cache_key(session, body)
-        while (candidate := walk.next()) is not None:
+        while (candidate := await walk.next()) is not None:
             provider = self.providers[candidate.provider]
             self._note_route(record, candidate, walk)  # an error is then the last one tried
             try:
                 attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
-                self._after_failure(walk, provider, candidate, error, estimate)
+                await self._after_failure(walk, provider, candidate, error, estimate)
                 continue
             finally:
                 provider.health.release()
@@ -229,7 +229,7 @@ class MessagesService:
             return attempt, result
         raise self._all_failed(walk, estimate)
 
-    def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
+    async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
                        error: ProxyError, estimate: int) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""
         kind = classify(error)
@@ -252,8 +252,8 @@ class MessagesService:
             logger.warning("provider %s refused its credential (%d %s): check its key",
                            provider.name, error.status, error.message)
         else:
-            provider.health.record_failure(error.message,
-                                           parse_retry_after(error.headers.get("retry-after")))
+            await provider.health.failed(error.message,
+                                         parse_retry_after(error.headers.get("retry-after")))
         walk.failures.append((candidate, error))
         self._count(candidate, "failed_over" if walk.queue else "error")
         if walk.queue:

@@ -5,7 +5,12 @@ budget is spent) and ask the store only to keep numbers and records:
 - counters (`add` / `total`): floats that accumulate, each key with an optional expiry;
 - small records (`put` / `get` / `delete`): a JSON-able dict per key with an optional expiry;
 - bounded logs (`append` / `read_log`): newest entries kept, oldest dropped past `maxlen`;
-- `claim`: a compare-and-set, true for exactly one caller in the fleet until it expires.
+- `claim`: a compare-and-set, true for exactly one caller in the fleet until it expires;
+- grouped counters (`add_fields` / `read_fields`): several named counters under one key that
+  expires as a whole (e.g. a minute of the dashboard's series);
+- `add_total` and `fetch`: the counter's or the record's fleet-wide value now, for the few
+  places that must not act on a copy up to a second old (a failure that may open a cooldown;
+  a session first seen by this process).
 
 Reads on the hot path (`total`, `get`) are synchronous and served from a local copy (for a
 shared backend, at most about a second old); writes (`add`, `put`, `append`, `delete`) return
@@ -16,14 +21,25 @@ slow or gone never fails a call: it falls back to in-process state (fail open) a
 
 from __future__ import annotations
 
+import os
+import socket
 from abc import ABC, abstractmethod
 from typing import Any
 
 Record = dict[str, Any]
 
 
+def process_name() -> str:
+    """This process as the fleet names it: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class StateStore(ABC):
     """Storage for what the fleet learns; see the module docstring for the contract."""
+
+    distributed = False
+    """Whether this backend is meant to be seen by other processes (even while it is away):
+    features then write what only other processes would read (the dashboard's rows)."""
 
     @abstractmethod
     def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
@@ -57,6 +73,29 @@ class StateStore(ABC):
     async def claim(self, key: str, ttl: float) -> bool:
         """True for exactly one caller (fleet-wide for a shared backend) until `ttl` seconds
         pass or the key is deleted: e.g. "I send the half-open probe"."""
+
+    @abstractmethod
+    def add_fields(self, key: str, amounts: dict[str, float], ttl: float) -> None:
+        """Adds to several named counters kept together under `key`, which expires `ttl`
+        seconds after its last change."""
+
+    @abstractmethod
+    async def read_fields(self, keys: list[str]) -> list[dict[str, float]]:
+        """The named counters of each key (an empty dict for an unknown or expired one)."""
+
+    async def add_total(self, key: str, amount: float = 1.0, ttl: float | None = None) -> float:
+        """`add`, then the fleet-wide total including it (not a local copy)."""
+        self.add(key, amount, ttl)
+        return self.total(key)
+
+    async def fetch(self, key: str) -> Record | None:
+        """`get`, but waiting for the shared backend when this process holds no fresh copy."""
+        return self.get(key)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes see what this one writes (a shared backend, reachable)."""
+        return False
 
     async def start(self) -> None:
         """Connects (a shared backend); never raises: an unreachable one starts degraded."""

@@ -1,0 +1,486 @@
+"""The Redis store: what one process learns, every worker and replica sees (REDIS_URL).
+
+Cheap on the hot path and never in its way:
+- reads (`get`, `total`) come from a local copy (a LocalStore) that a background task keeps at
+  most about a second old; records other processes change are pushed at once (a publish on
+  `<prefix>changed`), so a cooldown opened by one process reaches the others in milliseconds;
+- writes (`add`, `put`, `delete`, `append`, `add_fields`) change the local copy and are queued;
+  the background task sends them in one pipeline, off the response's critical path;
+- every call waits at most REDIS_TIMEOUT. A failed or slow call opens a breaker around Redis:
+  the process goes on with its local copy (fail open), logs a WARNING once, and pings each
+  second; when Redis answers again it logs INFO once, adds the counters that grew meanwhile
+  (spend, failures) to Redis, sends the records written meanwhile, and reads the shared state
+  again.
+Every key is the REDIS_PREFIX plus the feature's name; each has a TTL or is a bounded stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from claude_proxy.state.local import LocalStore
+from claude_proxy.state.store import Record, StateStore, process_name
+
+logger = logging.getLogger("claude_proxy.state")
+
+T = TypeVar("T")
+
+REFRESH_SECONDS = 1.0
+"""How old the local copy of a shared value may get; also the breaker's retry interval."""
+WATCHED_LIMIT = 4096
+"""Keys read recently, whose local copies the background task keeps fresh."""
+PENDING_LIMIT = 10_000
+"""Writes waiting for Redis (while it is away, the oldest are dropped past this)."""
+PUSH_LIMIT = 4096
+"""Records up to this size (JSON bytes) travel in the change notice itself."""
+START_TIMEOUT = 1.0
+MIRRORED = ("health:", "refusal:")
+"""Key families every process keeps whole: loaded at start and after an outage, kept by
+change notices (a provider's cooldown, a refused field)."""
+
+Failure = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
+
+
+def display_url(url: str) -> str:
+    """The URL without its user and password (for logs, /health, the dashboard, doctor)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+class RedisStore(StateStore):
+    distributed = True
+
+    def __init__(self, url: str, prefix: str = "claude-proxy:", timeout: float = 0.1,
+                 mirrored: tuple[str, ...] = MIRRORED) -> None:
+        self.url = display_url(url)
+        self.prefix = prefix
+        self.timeout = timeout
+        self.mirrored = mirrored
+        self.process = process_name()
+        self.channel = f"{prefix}changed"
+        self.local = LocalStore()
+        """The local copy: read on the hot path, and all there is while Redis is away."""
+        self._client = aioredis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._up = False
+        self._closing = False
+        self._rtt_ms: float | None = None
+        self._error: str | None = None
+        self._owed: dict[str, tuple[float, float | None]] = {}
+        """Counter increments not yet in Redis: (amount, ttl) by key."""
+        self._records: OrderedDict[str, tuple[bytes | None, float | None]] = OrderedDict()
+        """Records to write (None: delete), the last write of a key winning."""
+        self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
+        self._fields: dict[str, tuple[dict[str, float], float]] = {}
+        self._watched: OrderedDict[str, bool] = OrderedDict()
+        """Keys read recently (value: is a counter), refreshed every second."""
+        self._fresh: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ the contract
+
+    def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
+        self.local.add(key, amount, ttl)
+        self._owe(key, amount, ttl)
+        self._watch(key, counter=True)
+        self._wake.set()
+
+    def total(self, key: str) -> float:
+        self._watch(key, counter=True)
+        return self.local.total(key)
+
+    def put(self, key: str, value: Record, ttl: float | None = None) -> None:
+        raw = orjson.dumps(value)
+        if len(raw) <= PUSH_LIMIT:
+            self.local.put(key, orjson.loads(raw), ttl)
+        else:
+            self.local.delete(key)  # large (a request's bodies): read from Redis when asked
+        self._queue_record(key, raw, ttl)
+
+    def get(self, key: str) -> Record | None:
+        self._watch(key, counter=False)
+        return self.local.get(key)
+
+    def delete(self, key: str) -> None:
+        self.local.delete(key)
+        self._owed.pop(key, None)
+        self._queue_record(key, None, None)
+
+    def append(self, log: str, entry: Record, maxlen: int) -> None:
+        self.local.append(log, entry, maxlen)
+        self._appends.append((log, orjson.dumps(entry), maxlen))
+        self._wake.set()
+
+    async def read_log(self, log: str, count: int) -> list[Record]:
+        if count <= 0:
+            return []
+        entries = await self._call(
+            lambda: self._client.xrevrange(self.prefix + log, count=count))
+        if entries is None:
+            return await self.local.read_log(log, count)
+        return [_entry(fields) for _, fields in reversed(entries)]
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        won = await self._call(lambda: self._client.set(
+            self.prefix + key, b"1", nx=True, px=max(1, int(ttl * 1000))))
+        if won is None and not self._up:
+            return await self.local.claim(key, ttl)
+        return bool(won)
+
+    def add_fields(self, key: str, amounts: dict[str, float], ttl: float) -> None:
+        self.local.add_fields(key, amounts, ttl)
+        queued, _ = self._fields.get(key, ({}, ttl))
+        for name, amount in amounts.items():
+            queued[name] = queued.get(name, 0.0) + amount
+        self._fields[key] = (queued, ttl)
+        self._wake.set()
+
+    async def read_fields(self, keys: list[str]) -> list[dict[str, float]]:
+        async def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(self.prefix + key)
+            return await pipe.execute()
+
+        found = await self._call(read) if keys else []
+        if found is None:
+            return await self.local.read_fields(keys)
+        return [{name.decode(): float(value) for name, value in fields.items()}
+                for fields in found]
+
+    async def add_total(self, key: str, amount: float = 1.0, ttl: float | None = None) -> float:
+        async def increment() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.incrbyfloat(self.prefix + key, amount)
+            if ttl is not None:
+                pipe.expire(self.prefix + key, max(1, int(ttl)))
+            return (await pipe.execute())[0]
+
+        value = await self._call(increment)
+        if value is None:
+            self.add(key, amount, ttl)
+            return self.local.total(key)
+        self._watch(key, counter=True)
+        owed = self._owed.get(key, (0.0, None))[0]
+        self.local.set_total(key, float(value) + owed, ttl)
+        return float(value) + owed
+
+    async def fetch(self, key: str) -> Record | None:
+        fresh = self._fresh.get(key, float("-inf")) > time.monotonic() - REFRESH_SECONDS
+        if not self._up or fresh or key in self._records:
+            return self.get(key)
+        raw = await self._call(lambda: self._client.get(self.prefix + key))
+        if not self._up:
+            return self.local.get(key)
+        if raw is not None and len(raw) > PUSH_LIMIT:
+            return _record(raw)  # large: not kept locally, nor watched
+        self._watch(key, counter=False)
+        self._apply_record(key, raw)
+        return self.local.get(key)
+
+    @property
+    def shared(self) -> bool:
+        return self._up
+
+    def describe(self) -> Record:
+        described: Record = {"backend": "redis", "url": self.url, "prefix": self.prefix,
+                             "shared": self._up, "process": self.process}
+        if self._up:
+            described.update(state="redis ok", rtt_ms=self._rtt_ms)
+        else:
+            described.update(state="degraded: in-process", error=self._error)
+        return described
+
+    async def start(self) -> None:
+        """Connects and loads the shared state; unreachable, it starts degraded (and keeps
+        trying every second)."""
+        try:
+            async with asyncio.timeout(max(self.timeout, START_TIMEOUT)):
+                await self._client.ping()
+        except Failure as exc:
+            self._error = _reason(exc)
+            logger.warning("Redis at %s is unreachable (%s): starting with in-process state "
+                           "(each process on its own); retrying every %.0f s", self.url,
+                           self._error, REFRESH_SECONDS)
+        else:
+            self._up = True
+            logger.info("state shared through Redis at %s (prefix %r)", self.url, self.prefix)
+            await self._reload()
+        self._tasks = [asyncio.create_task(self._keep(), name="redis-store"),
+                       asyncio.create_task(self._listen(), name="redis-store-notices")]
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._up:
+            await self._flush()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, *Failure):
+                await task
+        with contextlib.suppress(*Failure):
+            await self._client.aclose()
+
+    # ------------------------------------------------------------ the breaker
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T | None:
+        """One Redis operation within REDIS_TIMEOUT; None (and the breaker open) when Redis
+        fails or is already known to be away."""
+        if not self._up:
+            return None
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await operation()
+        except Failure as exc:
+            self._went_away(exc)
+            return None
+
+    def _went_away(self, exc: BaseException) -> None:
+        if not self._up:
+            return
+        self._up = False
+        self._error = _reason(exc)
+        logger.warning("Redis at %s failed (%s): going on with in-process state; shared "
+                       "state resumes when it answers again", self.url, self._error)
+
+    async def _came_back(self) -> None:
+        self._up = True
+        self._error = None
+        logger.info("Redis at %s answers again: state is shared again", self.url)
+        await self._flush()
+        await self._reload()
+
+    # ------------------------------------------------------------ the background task
+
+    async def _keep(self) -> None:
+        """Sends queued writes as they come; each second pings (the round trip shown in
+        /health), refreshes the watched keys, or, while Redis is away, tries it again."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - loop.time())):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._up:
+                await self._flush()
+            if loop.time() < next_tick:
+                continue
+            next_tick = loop.time() + REFRESH_SECONDS
+            await self._tick()
+
+    async def _tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout if self._up else START_TIMEOUT):
+                await self._client.ping()
+        except Failure as exc:
+            if self._up:
+                self._went_away(exc)
+            else:
+                self._error = _reason(exc)
+            return
+        self._rtt_ms = round((time.perf_counter() - started) * 1e3, 3)
+        if not self._up:
+            await self._came_back()
+        else:
+            await self._refresh(list(self._watched.items()))
+
+    async def _flush(self) -> None:
+        """Every queued write in one pipeline; on failure they stay queued (bounded)."""
+        owed, self._owed = self._owed, {}
+        records, self._records = self._records, OrderedDict()
+        appends = list(self._appends)
+        self._appends.clear()
+        fields, self._fields = self._fields, {}
+        if not (owed or records or appends or fields):
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key, (amount, ttl) in owed.items():
+            pipe.incrbyfloat(self.prefix + key, amount)
+            if ttl is not None:
+                pipe.expire(self.prefix + key, max(1, int(ttl)))
+        for key, (raw, ttl) in records.items():
+            if raw is None:
+                pipe.delete(self.prefix + key)
+            else:
+                pipe.set(self.prefix + key, raw,
+                         px=None if ttl is None else max(1, int(ttl * 1000)))
+            pipe.publish(self.channel, self._notice(key, raw, ttl))
+        for log, raw, maxlen in appends:
+            pipe.xadd(self.prefix + log, {b"e": raw}, maxlen=maxlen, approximate=True)
+        for key, (amounts, ttl) in fields.items():
+            for name, amount in amounts.items():
+                pipe.hincrbyfloat(self.prefix + key, name, amount)
+            pipe.expire(self.prefix + key, max(1, int(ttl)))
+        if await self._call(pipe.execute) is None:
+            self._requeue(owed, records, appends, fields)
+
+    def _requeue(self, owed: dict[str, tuple[float, float | None]],
+                 records: OrderedDict[str, tuple[bytes | None, float | None]],
+                 appends: list[tuple[str, bytes, int]],
+                 fields: dict[str, tuple[dict[str, float], float]]) -> None:
+        """Writes that did not reach Redis wait for it (newer ones of a key win)."""
+        for key, (amount, ttl) in owed.items():
+            self._owe(key, amount, ttl)
+        records.update(self._records)
+        self._records = records
+        while len(self._records) > PENDING_LIMIT:
+            self._records.popitem(last=False)
+        self._appends.extendleft(reversed(appends))
+        for key, (amounts, ttl) in fields.items():
+            queued = self._fields.setdefault(key, ({}, ttl))[0]
+            for name, amount in amounts.items():
+                queued[name] = queued.get(name, 0.0) + amount
+
+    async def _refresh(self, keys: list[tuple[str, bool]]) -> None:
+        """Reads the given keys again (one MGET) into the local copy."""
+        if not keys:
+            return
+        values = await self._call(lambda: self._client.mget(
+            [self.prefix + key for key, _ in keys]))
+        if values is None:
+            return
+        for (key, counter), raw in zip(keys, values, strict=True):
+            if counter:
+                owed = self._owed.get(key, (0.0, None))[0]
+                if raw is None and not owed:
+                    self.local.delete(key)
+                else:
+                    self.local.set_total(key, float(raw or 0) + owed)
+            elif key not in self._records:
+                self._apply_record(key, raw)
+
+    async def _reload(self) -> None:
+        """The shared state again: every mirrored family, and every watched key."""
+        async def mirrored() -> list[tuple[str, bool]]:
+            found: list[tuple[str, bool]] = []
+            for family in self.mirrored:
+                async for raw in self._client.scan_iter(match=f"{self.prefix}{family}*",
+                                                        count=500, _type="string"):
+                    key = raw.decode()[len(self.prefix):]
+                    found.append((key, key in self._watched and self._watched[key]))
+                    if len(found) >= WATCHED_LIMIT:
+                        return found
+            return found
+
+        keys = await self._call(mirrored) or []
+        seen = {key for key, _ in keys}
+        await self._refresh(keys + [item for item in self._watched.items()
+                                    if item[0] not in seen])
+
+    async def _listen(self) -> None:
+        """Applies other processes' change notices; resubscribes after an outage."""
+        while not self._closing:
+            if not self._up:
+                await asyncio.sleep(REFRESH_SECONDS / 4)
+                continue
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                while self._up and not self._closing:
+                    message = await pubsub.get_message(timeout=REFRESH_SECONDS)
+                    if message is not None and message.get("type") == "message":
+                        self._take_notice(message["data"])
+            except Failure:
+                await asyncio.sleep(REFRESH_SECONDS / 4)
+            finally:
+                with contextlib.suppress(*Failure):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    # ------------------------------------------------------------ local bookkeeping
+
+    def _owe(self, key: str, amount: float, ttl: float | None) -> None:
+        before, before_ttl = self._owed.get(key, (0.0, None))
+        if key not in self._owed and len(self._owed) >= PENDING_LIMIT:
+            return  # bounded: a flood of new counters while Redis is away
+        self._owed[key] = (before + amount, ttl if ttl is not None else before_ttl)
+
+    def _queue_record(self, key: str, raw: bytes | None, ttl: float | None) -> None:
+        self._records[key] = (raw, ttl)
+        self._records.move_to_end(key)
+        while len(self._records) > PENDING_LIMIT:
+            self._records.popitem(last=False)
+        self._wake.set()
+
+    def _watch(self, key: str, counter: bool) -> None:
+        watched = self._watched
+        if key in watched:
+            watched.move_to_end(key)
+            return
+        watched[key] = counter
+        if len(watched) > WATCHED_LIMIT:
+            old, _ = watched.popitem(last=False)
+            self._fresh.pop(old, None)
+
+    def _apply_record(self, key: str, raw: bytes | str | None) -> None:
+        self._fresh[key] = time.monotonic()
+        record = _record(raw) if raw is not None and len(raw) <= PUSH_LIMIT else None
+        if record is None:
+            self.local.delete(key)
+        else:
+            self.local.put(key, record)
+
+    def _notice(self, key: str, raw: bytes | None, ttl: float | None) -> bytes:
+        notice: Record = {"k": key, "p": self.process, "t": ttl, "d": raw is None}
+        if raw is not None and len(raw) <= PUSH_LIMIT:
+            notice["v"] = orjson.Fragment(raw)
+        return orjson.dumps(notice)
+
+    def _take_notice(self, data: bytes) -> None:
+        try:
+            notice = orjson.loads(data)
+            key = str(notice["k"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if notice.get("p") == self.process or key in self._records:
+            return
+        if not (key in self._watched or key.startswith(self.mirrored)):
+            return
+        if notice.get("d"):
+            self.local.delete(key)
+        elif "v" in notice:
+            self.local.put(key, notice["v"], notice.get("t"))
+            self._fresh[key] = time.monotonic()
+        else:
+            self._fresh.pop(key, None)  # too large to push: read again when next asked
+
+
+def _record(raw: bytes | str) -> Record | None:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _entry(fields: Any) -> Record:
+    entry: Record = orjson.loads(fields[b"e"])
+    return entry
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a call failed, in words that never hold the URL (nor so its password)."""
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "timed out"
+    return type(exc).__name__
