@@ -127,6 +127,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             if backend is not None:
                 await backend.aclose()
             await store.close()
+            metrics.close()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

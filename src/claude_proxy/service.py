@@ -318,6 +318,7 @@ class MessagesService:
                            "it out for this model from now on", model, what, error.message)
             for field in refused:
                 provider.refusals.remember(model, field)
+            await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
             return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
 

@@ -143,6 +143,7 @@ class CircuitBreaker:
         """`record_failure`, counted against the fleet's failures in a row."""
         consecutive = await self.store.add_total(f"{self.key}:failures", 1, ttl=KEPT_SECONDS)
         self._after_failure(int(consecutive), message, retry_after)
+        await self.store.sync()  # a cooldown just opened reaches the fleet before we answer
 
     def _after_failure(self, consecutive: int, message: str,
                        retry_after: float | None) -> None:

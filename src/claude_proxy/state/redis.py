@@ -23,7 +23,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import orjson
 import redis.asyncio as aioredis
@@ -32,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from claude_proxy.state.local import LocalStore
-from claude_proxy.state.store import Record, StateStore, process_name
+from claude_proxy.state.store import Record, StateStore, display_url, process_name
 
 logger = logging.getLogger("claude_proxy.state")
 
@@ -54,27 +53,16 @@ change notices (a provider's cooldown, a refused field)."""
 Failure = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
 
 
-def display_url(url: str) -> str:
-    """The URL without its user and password (for logs, /health, the dashboard, doctor)."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return f"unix://{parts.path}"
-    host = parts.hostname or "localhost"
-    host = f"[{host}]" if ":" in host else host
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
 class RedisStore(StateStore):
     distributed = True
 
     def __init__(self, url: str, prefix: str = "claude-proxy:", timeout: float = 0.1,
-                 mirrored: tuple[str, ...] = MIRRORED) -> None:
+                 mirrored: tuple[str, ...] = MIRRORED, process: str | None = None) -> None:
         self.url = display_url(url)
         self.prefix = prefix
         self.timeout = timeout
         self.mirrored = mirrored
-        self.process = process_name()
+        self.process = process or process_name()
         self.channel = f"{prefix}changed"
         self.local = LocalStore()
         """The local copy: read on the hot path, and all there is while Redis is away."""
@@ -95,6 +83,8 @@ class RedisStore(StateStore):
         """Keys read recently (value: is a counter), refreshed every second."""
         self._fresh: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
+        """One pipeline at a time, so that `sync` also waits for the one under way."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------ the contract
@@ -176,7 +166,9 @@ class RedisStore(StateStore):
                 pipe.expire(self.prefix + key, max(1, int(ttl)))
             return (await pipe.execute())[0]
 
-        value = await self._call(increment)
+        async with self._flushing:  # this process's earlier increments first
+            await self._flush_queued()
+            value = await self._call(increment)
         if value is None:
             self.add(key, amount, ttl)
             return self.local.total(key)
@@ -197,6 +189,10 @@ class RedisStore(StateStore):
         self._watch(key, counter=False)
         self._apply_record(key, raw)
         return self.local.get(key)
+
+    async def sync(self) -> None:
+        if self._up:
+            await self._flush()
 
     @property
     def shared(self) -> bool:
@@ -266,7 +262,7 @@ class RedisStore(StateStore):
     async def _came_back(self) -> None:
         self._up = True
         self._error = None
-        logger.info("Redis at %s answers again: state is shared again", self.url)
+        logger.info("Redis at %s is back: state is shared again", self.url)
         await self._flush()
         await self._reload()
 
@@ -308,6 +304,10 @@ class RedisStore(StateStore):
 
     async def _flush(self) -> None:
         """Every queued write in one pipeline; on failure they stay queued (bounded)."""
+        async with self._flushing:
+            await self._flush_queued()
+
+    async def _flush_queued(self) -> None:
         owed, self._owed = self._owed, {}
         records, self._records = self._records, OrderedDict()
         appends = list(self._appends)

@@ -25,6 +25,7 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from typing import Any
+from urllib.parse import urlsplit
 
 Record = dict[str, Any]
 
@@ -32,6 +33,17 @@ Record = dict[str, Any]
 def process_name() -> str:
     """This process as the fleet names it: host and pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def display_url(url: str) -> str:
+    """The URL without its user and password (for logs, /health, the dashboard, doctor)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 class StateStore(ABC):
@@ -91,6 +103,12 @@ class StateStore(ABC):
     async def fetch(self, key: str) -> Record | None:
         """`get`, but waiting for the shared backend when this process holds no fresh copy."""
         return self.get(key)
+
+    async def sync(self) -> None:
+        """Waits (at most the backend's timeout) until the writes made so far reach the
+        shared backend: for the rare write the fleet must see before this process answers
+        (a cooldown just opened, a field just refused)."""
+        return None
 
     @property
     def shared(self) -> bool:

@@ -1,0 +1,467 @@
+"""Many processes, one proxy: workers and replicas share what they learn through a real Redis.
+
+The store itself (state/redis.py) is tested in-process against the session's redis-server;
+the fleet as users run it: two `claude-proxy` replica processes on one Redis, and one with
+`--workers 4`. Redis is paused (SIGSTOP), killed and restarted under them: no client request
+may fail, and sharing must resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from claude_proxy.routing.health import CircuitBreaker
+from claude_proxy.state.redis import RedisStore
+from tests.conftest import RedisServer, clean_env, eventually, free_port
+from tests.scripted_upstream import Reply, ScriptedUpstream, error_reply
+
+Started = Callable[..., tuple[str, Any]]
+ANSWER = "scripted default"
+
+
+def prefix() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}:"
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+    """Bounded polling inside an event loop (another task or process brings it about)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while not predicate():
+        if loop.time() > give_up:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- the store itself
+
+
+def test_two_stores_share_counters_records_logs_claims_and_minutes(
+        redis_server: RedisServer) -> None:
+    keys = prefix()
+
+    async def scenario() -> None:
+        a = RedisStore(redis_server.url, keys, timeout=1.0, process="host-a:1")
+        b = RedisStore(redis_server.url, keys, timeout=1.0, process="host-b:2")
+        await a.start()
+        await b.start()
+        try:
+            assert b.get("health:p") is None
+            a.put("health:p", {"open_until": 123.5}, ttl=60)
+            await a.sync()
+            assert await until(lambda: b.get("health:p") == {"open_until": 123.5})
+            a.add("spend:k", 2, ttl=60)
+            b.add("spend:k", 3, ttl=60)
+            await b.sync()
+            assert await a.add_total("spend:k", 1, ttl=60) == 6
+            await b.sync()
+            assert await until(lambda: b.total("spend:k") == 6)
+            assert await a.claim("probe:1", 10) is True
+            assert await b.claim("probe:1", 10) is False
+            for n in range(300):
+                a.append("log", {"n": n}, maxlen=50)
+            await a.sync()
+            await b.sync()
+            entries = await b.read_log("log", 1000)
+            assert 50 <= len(entries) <= 200  # trimmed near maxlen (MAXLEN ~)
+            assert entries[-1] == {"n": 299}
+            a.add_fields("minute:1", {"status|200": 1, "tokens|input": 10}, ttl=60)
+            b.add_fields("minute:1", {"status|200": 2}, ttl=60)
+            await a.sync()
+            await b.sync()
+            assert await a.read_fields(["minute:1", "minute:2"]) == [
+                {"status|200": 3.0, "tokens|input": 10.0}, {}]
+            b.delete("health:p")
+            await b.sync()
+            assert await until(lambda: a.get("health:p") is None)
+            assert a.describe()["state"] == "redis ok" and a.shared
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario)
+    client = redis.Redis(port=redis_server.port)
+    found = list(client.scan_iter(match=f"{keys}*"))
+    assert found
+    for key in found:
+        bounded = client.type(key) == b"stream" or client.ttl(key) > 0
+        assert bounded, f"{key!r} has no TTL and is not a bounded stream"
+
+
+def test_one_probe_for_the_fleet_and_the_doubled_cooldown_is_shared(
+        redis_server: RedisServer) -> None:
+    keys = prefix()
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    async def scenario() -> None:
+        a = RedisStore(redis_server.url, keys, timeout=1.0, process="host-a:1")
+        b = RedisStore(redis_server.url, keys, timeout=1.0, process="host-b:2")
+        await a.start()
+        await b.start()
+        clock = Clock()
+        first = CircuitBreaker(2, 10, clock=clock, store=a, name="bad")
+        second = CircuitBreaker(2, 10, clock=clock, store=b, name="bad")
+        try:
+            await first.failed("500")
+            assert await second.take()  # one failure in the fleet: still healthy
+            await second.failed("500")  # the second opens it, for both
+            assert await until(lambda: first.is_cooling())
+            assert not await first.take() and not await second.take()
+            assert await until(lambda: first.snapshot().consecutive_failures == 2)  # <= 1 s
+            clock.now += 11
+            taken = await asyncio.gather(first.take(), second.take())
+            assert sorted(taken) == [False, True]  # one probe, whoever claims it first
+            prober = first if taken[0] else second
+            other = second if taken[0] else first
+            await prober.failed("500 again")
+            assert await until(lambda: other.reopens_at() == clock.now + 20)  # doubled
+            clock.now += 21
+            taken = await asyncio.gather(first.take(), second.take())
+            assert sorted(taken) == [False, True]
+            (first if taken[0] else second).record_success()
+            await a.sync()
+            await b.sync()
+            assert await until(lambda: not first.is_cooling() and not second.is_cooling())
+            assert await first.take() and await second.take()
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario)
+
+
+def test_redis_paused_fails_open_once_and_adds_what_was_counted_when_back(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    keys = prefix()
+    caplog.set_level(logging.INFO, logger="claude_proxy.state")
+
+    async def scenario() -> None:
+        store = RedisStore(redis_server.url, keys, timeout=0.1, process="host-a:1")
+        await store.start()
+        try:
+            store.add("spend:team", 1.5, ttl=600)
+            await store.sync()
+            redis_server.pause()
+            try:
+                assert await store.add_total("spend:team", 2, ttl=600) == 3.5  # local
+                assert store.describe()["state"] == "degraded: in-process"
+                store.add("spend:team", 0.5, ttl=600)
+                assert await store.claim("probe", 5)  # in-process while away
+                assert await store.read_log("log", 5) == []
+            finally:
+                redis_server.resume()
+            assert await until(lambda: store.describe()["state"] == "redis ok", timeout=15)
+            await store.sync()
+        finally:
+            await store.close()
+
+    run(scenario)
+    assert float(redis.Redis(port=redis_server.port).get(f"{keys}spend:team") or 0) == 4.0
+    went = [r for r in caplog.records if "going on with in-process state" in r.message]
+    back = [r for r in caplog.records if "is back" in r.message]
+    assert [r.levelname for r in went] == ["WARNING"] and [r.levelname for r in back] == ["INFO"]
+
+
+# ---------------------------------------------------------------- replicas and workers
+
+CONFIG = """
+[providers.bad]
+openai_base_url = "{bad}"
+openai_api_key = "k-bad"
+provider = "openai"
+big_model = "bad-main"
+middle_model = "bad-main"
+small_model = "bad-main"
+max_retries = 0
+retry_base_delay = 0
+
+[providers.good]
+openai_base_url = "{good}"
+openai_api_key = "k-good"
+provider = "openai"
+big_model = "good-main"
+middle_model = "good-main"
+small_model = "good-main"
+max_retries = 0
+retry_base_delay = 0
+
+[router]
+default = "bad,bad-main"
+background = "good,good-picky"
+fallback = ["good,good-fallback"]
+cooldown_failures = 2
+cooldown_seconds = 60
+"""
+
+
+def picky(body: dict[str, Any]) -> Reply | None:
+    """good-picky refuses stream_options, as older vLLM and Azure builds do."""
+    if body.get("model") == "good-picky" and "stream_options" in body:
+        return error_reply(400, "Unrecognized request argument supplied: stream_options")
+    return None
+
+
+@pytest.fixture(scope="module")
+def fleet_upstreams() -> Iterator[dict[str, ScriptedUpstream]]:
+    servers = {"bad": ScriptedUpstream().start(), "good": ScriptedUpstream().start()}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+class Fleet:
+    """Replicas of one proxy (each a `claude-proxy` process) on one Redis."""
+
+    def __init__(self, started: Started, config: Path, tmp_path: Path, redis_url: str) -> None:
+        self.started = started
+        self.config = config
+        self.tmp_path = tmp_path
+        self.redis_url = redis_url
+        self.keys = prefix()
+        self.processes: list[Any] = []
+
+    def start(self, replicas: int = 2, *args: str, url: str | None = None) -> list[str]:
+        env = clean_env(self.tmp_path, REDIS_URL=url or self.redis_url,
+                        REDIS_PREFIX=self.keys, REDIS_TIMEOUT="0.1")
+        urls = []
+        for _ in range(replicas):
+            url_of, process = self.started("--config", str(self.config), *args, env=env)
+            urls.append(url_of)
+            self.processes.append(process)
+        return urls
+
+    def output(self) -> str:
+        """Everything the replicas printed so far."""
+        return "".join(process.startup_output + "".join(process.later_output)
+                       for process in self.processes)
+
+
+@pytest.fixture
+def fleet(fleet_upstreams: dict[str, ScriptedUpstream], redis_server: RedisServer,
+          started: Started, tmp_path: Path) -> Fleet:
+    bad, good = fleet_upstreams["bad"], fleet_upstreams["good"]
+    bad.reset()
+    good.reset()
+    bad.responder = lambda body: error_reply(500, "bad is down")
+    good.responder = picky
+    config = tmp_path / "proxy.toml"
+    config.write_text(CONFIG.format(bad=bad.base_url, good=good.base_url))
+    return Fleet(started, config, tmp_path, redis_server.url)
+
+
+def ask(url: str, model: str = "claude-sonnet-4-6", stream: bool = False,
+        content: str = "hi") -> httpx.Response:
+    return httpx.post(f"{url}/v1/messages", timeout=30, json={
+        "model": model, "max_tokens": 50, "stream": stream,
+        "messages": [{"role": "user", "content": content}]})
+
+
+def answered(response: httpx.Response) -> bool:
+    if response.status_code != 200:
+        return False
+    if response.headers["content-type"].startswith("text/event-stream"):
+        return "scripted " in response.text and "default" in response.text
+    return bool(response.json()["content"][0]["text"] == ANSWER)
+
+
+def hello(url: str) -> dict[str, Any]:
+    """What a dashboard page load receives first: the `hello` event of /ui/feed."""
+    with httpx.stream("GET", f"{url}/ui/feed", timeout=30) as feed:
+        event = None
+        for line in feed.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "hello":
+                data: dict[str, Any] = json.loads(line[6:])
+                return data
+    raise AssertionError("no hello event")
+
+
+def detail(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{url}/health?detail=1", timeout=30).json()
+    return body
+
+
+def test_two_replicas_share_the_cooldown(fleet: Fleet,
+                                         fleet_upstreams: dict[str, ScriptedUpstream]) -> None:
+    a, b = fleet.start()
+    responses = [ask((a, b)[n % 2]) for n in range(40)]
+    assert all(answered(response) for response in responses)
+    assert [r.json()["content"][0]["text"] for r in responses] == [ANSWER] * 40
+    bad = fleet_upstreams["bad"].requests
+    assert 2 <= len(bad) <= 3, "at most 2 failures and one probe per cooldown period"
+    assert len(fleet_upstreams["good"].requests) == 40
+    for url in (a, b):
+        shown = detail(url)
+        assert shown["providers"]["bad"]["state"] == "cooling"
+        assert shown["scope"].startswith("fleet-wide")
+        assert shown["state_backend"]["state"] == "redis ok"
+        assert shown["state_backend"]["rtt_ms"] is not None
+
+
+def test_a_field_refused_once_is_never_sent_again_by_either_replica(
+        fleet: Fleet, fleet_upstreams: dict[str, ScriptedUpstream]) -> None:
+    a, b = fleet.start()
+    for n in range(10):
+        assert answered(ask((a, b)[n % 2], model="claude-haiku-4-5", stream=True))
+    sent = [body for body in fleet_upstreams["good"].requests
+            if body["model"] == "good-picky"]
+    assert len(sent) == 11  # ten requests, one of them sent again without the field
+    assert [("stream_options" in body) for body in sent] == [True] + [False] * 10
+
+
+def test_dashboard_on_one_replica_lists_and_inspects_a_request_served_by_the_other(
+        fleet: Fleet) -> None:
+    a, b = fleet.start()
+    response = ask(a, content="only on replica A")
+    assert answered(response)
+    request_id = response.headers["request-id"]
+
+    def listed_on_b() -> bool:
+        return request_id in [row["id"] for row in hello(b)["requests"]]
+
+    assert eventually(listed_on_b)
+    page = hello(b)
+    row = next(row for row in page["requests"] if row["id"] == request_id)
+    a_process = detail(a)["state_backend"]["process"]
+    assert row["process"] == a_process and row["status"] == 200
+    assert page["scope"]["shared"] is True and a_process in page["scope"]["processes"]
+    assert detail(b)["state_backend"]["process"] in page["scope"]["processes"]
+    assert request_id in page["kept"]
+    view = httpx.get(f"{b}/ui/api/requests/{request_id}", timeout=30).json()
+    assert view["kept"] is True and view["row"]["id"] == request_id
+    assert "only on replica A" in json.dumps(view["client"])
+    assert ANSWER in json.dumps(view["answer"])
+
+
+def test_four_workers_show_every_request_and_sum_their_metrics(
+        fleet: Fleet) -> None:
+    url, = fleet.start(1, "--workers", "4")
+    ids = set()
+    for _ in range(40):
+        response = ask(url)
+        assert answered(response)
+        ids.add(response.headers["request-id"])
+
+    def listed() -> set[str]:
+        return {row["id"] for row in hello(url)["requests"]}
+
+    assert eventually(lambda: listed() >= ids)
+    assert all(listed() >= ids for _ in range(5)), "every page load lists all 40"
+
+    def total() -> float:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("claude_proxy_requests_total{")
+                   and 'model="claude-sonnet-4-6"' in line)
+
+    assert eventually(lambda: total() == 40)
+    assert [total() for _ in range(10)] == [40.0] * 10
+
+
+def requests_through(urls: list[str], count: int, during: Callable[[], None]) -> list[bool]:
+    """`count` requests, four at a time over the replicas, with `during` done once a
+    quarter of them have been answered."""
+    done = threading.Semaphore(0)
+    quarter = threading.Event()
+    answered_count = [0]
+    lock = threading.Lock()
+
+    def one(n: int) -> bool:
+        ok = answered(ask(urls[n % len(urls)], content=f"request {n}"))
+        with lock:
+            answered_count[0] += 1
+            if answered_count[0] == count // 4:
+                quarter.set()
+        done.release()
+        return ok
+
+    with ThreadPoolExecutor(4) as pool:
+        results = pool.map(one, range(count))
+        assert quarter.wait(60)
+        during()
+        return list(results)
+
+
+def shares_again(a: str, b: str) -> bool:
+    """A request served by A shows on B's dashboard (after Redis came back)."""
+    if not all(detail(url)["state_backend"]["state"] == "redis ok" for url in (a, b)):
+        return False
+    request_id = ask(a).headers["request-id"]
+    return eventually(lambda: httpx.get(f"{b}/ui/api/requests/{request_id}",
+                                        timeout=30).status_code == 200, timeout=5)
+
+
+def test_redis_paused_then_resumed_fails_nothing_and_sharing_resumes(
+        fleet: Fleet, redis_server: RedisServer) -> None:
+    a, b = fleet.start()
+    try:
+        results = requests_through([a, b], 60, redis_server.pause)
+        assert results == [True] * 60, "no request failed while Redis was paused"
+        shown = detail(a)["state_backend"]
+        assert shown["state"] == "degraded: in-process" and shown["shared"] is False
+        assert "this process only" in detail(a)["scope"]
+    finally:
+        redis_server.resume()
+    assert eventually(lambda: shares_again(a, b), timeout=30)
+
+
+def test_redis_killed_then_restarted_fails_nothing_and_sharing_resumes(
+        fleet: Fleet, redis_server: RedisServer) -> None:
+    a, b = fleet.start()
+    try:
+        results = requests_through([a, b], 60, redis_server.kill)
+        assert results == [True] * 60, "no request failed while Redis was gone"
+        assert detail(b)["state_backend"]["state"] == "degraded: in-process"
+    finally:
+        if redis_server.process is None:
+            redis_server.start()
+    assert eventually(lambda: shares_again(a, b), timeout=30)
+
+
+def test_redis_down_at_start_starts_degraded_and_serves(fleet: Fleet) -> None:
+    url, = fleet.start(1, url=f"redis://127.0.0.1:{free_port()}/0")
+    assert "is unreachable" in fleet.output()
+    assert answered(ask(url))
+    shown = detail(url)["state_backend"]
+    assert shown["state"] == "degraded: in-process" and shown["backend"] == "redis"
+
+
+PASSWORD = "redis-pass-7f3a9c-never-shown"
+
+
+def test_a_rediss_url_with_user_and_password_is_accepted_and_never_shown(
+        fleet: Fleet, redis_server: RedisServer, tmp_path: Path) -> None:
+    url_with_password = f"rediss://proxyuser:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
+    url, = fleet.start(1, url=url_with_password)  # plain Redis behind: TLS fails, it starts anyway
+    assert answered(ask(url))
+    shown = [httpx.get(f"{url}/health?detail=1", timeout=30).text,
+             json.dumps(hello(url)), httpx.get(f"{url}/metrics", timeout=30).text]
+    assert f"rediss://127.0.0.1:{redis_server.port}/0" in shown[0]
+    log = (tmp_path / "logs" / "claude-proxy.log").read_text()
+    assert f"rediss://127.0.0.1:{redis_server.port}/0" in fleet.output()
+    for text in [*shown, log, fleet.output()]:
+        assert PASSWORD not in text and "proxyuser" not in text
+
