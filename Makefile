@@ -16,7 +16,7 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-container lint typecheck unit bench clean browser
+.PHONY: run test test-container lint typecheck unit bench clean browser redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,12 +53,22 @@ browser:
 		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
 			"the dashboard's browser tests will be skipped"; }
 
+## redis: Debian's redis-server for the shared-state tests (tests/test_shared_state.py start
+## their own on a free loopback port, persistence off)
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			redis-server >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: redis-server could not be installed (not root?):" \
+			"the shared-state tests will be skipped"; }
+
 ## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
 run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser redis lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-container: build the image with docker or podman, run it, check it from outside

@@ -250,10 +250,11 @@ def doctor_responder(body: dict[str, Any]) -> Reply:
     return completion({"content": "ok"})
 
 
-def run_doctor(tmp_path: Path, upstream: ScriptedUpstream) -> subprocess.CompletedProcess[str]:
+def run_doctor(tmp_path: Path, upstream: ScriptedUpstream,
+               **extra: str) -> subprocess.CompletedProcess[str]:
     env = clean_env(tmp_path, OPENAI_API_KEY="k", OPENAI_BASE_URL=upstream.base_url,
                     PROVIDER="glm", BIG_MODEL="glm-5", MIDDLE_MODEL="glm-5",
-                    SMALL_MODEL="glm-4.7-flash")
+                    SMALL_MODEL="glm-4.7-flash", **extra)
     return subprocess.run([sys.executable, "-m", "claude_proxy", "doctor"], env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,6 +27,7 @@ from claude_proxy.routing.health import CircuitBreaker
 from claude_proxy.state.redis import RedisStore
 from tests.conftest import RedisServer, clean_env, eventually, free_port
 from tests.scripted_upstream import Reply, ScriptedUpstream, error_reply
+from tests.test_operations import doctor_responder, run_doctor
 
 Started = Callable[..., tuple[str, Any]]
 ANSWER = "scripted default"
@@ -465,3 +467,19 @@ def test_a_rediss_url_with_user_and_password_is_accepted_and_never_shown(
     for text in [*shown, log, fleet.output()]:
         assert PASSWORD not in text and "proxyuser" not in text
 
+
+
+def test_doctor_checks_the_redis_connection_without_showing_the_password(
+        tmp_path: Path, upstream: ScriptedUpstream, redis_server: RedisServer) -> None:
+    upstream.responder = doctor_responder
+    result = run_doctor(tmp_path, upstream, REDIS_URL=redis_server.url, REDIS_PREFIX="doc:")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(rf"redis\s+ok\s+redis://127.0.0.1:{redis_server.port}/0 answers in "
+                     r"[0-9.]+ ms, prefix 'doc:'", result.stdout)
+    closed = f"redis://proxyuser:{PASSWORD}@127.0.0.1:{free_port()}/0"
+    result = run_doctor(tmp_path, upstream, REDIS_URL=closed)
+    assert result.returncode == 0, "Redis away: the proxy runs degraded, Claude Code works"
+    assert re.search(r"redis\s+warn\s+redis://127.0.0.1:[0-9]+/0: ConnectionError \(the "
+                     r"proxy would run degraded", result.stdout), result.stdout
+    assert PASSWORD not in result.stdout + result.stderr
+    assert "proxyuser" not in result.stdout + result.stderr

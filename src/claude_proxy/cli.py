@@ -243,13 +243,19 @@ MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @contextmanager
-def metrics_directory() -> Iterator[Path]:
+def metrics_directory() -> Iterator[Path | None]:
     """Where the workers' metric files go, so that a scrape of /metrics, whichever worker
     answers, sums them all (prometheus_client's multiprocess mode). A directory named by
     PROMETHEUS_MULTIPROC_DIR is emptied of old files at start; otherwise a temporary one is
-    made, and removed at exit. Set before the workers start: they read it at import."""
+    made (in the temporary directory, else /dev/shm: a read-only root keeps that writable),
+    and removed at exit. Set before the workers start: they read it at import."""
     named = os.environ.get(MULTIPROC_VARIABLE)
-    path = Path(named) if named else Path(tempfile.mkdtemp(prefix="claude-proxy-metrics-"))
+    path = Path(named) if named else _temporary_directory()
+    if path is None:
+        logger.warning("no writable directory for the workers' metrics: each scrape of "
+                       "/metrics shows the worker that answers (set %s)", MULTIPROC_VARIABLE)
+        yield None
+        return
     path.mkdir(parents=True, exist_ok=True)
     for old in path.glob("*.db"):
         old.unlink()
@@ -260,6 +266,15 @@ def metrics_directory() -> Iterator[Path]:
     finally:
         if not named:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_directory() -> Path | None:
+    for parent in (None, "/dev/shm"):
+        try:
+            return Path(tempfile.mkdtemp(prefix="claude-proxy-metrics-", dir=parent))
+        except OSError:
+            continue
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,3 +15,9 @@ def open_store(redis_url: str | None, prefix: str = "claude-proxy:",
         return LocalStore()
     from claude_proxy.state.redis import RedisStore
     return RedisStore(redis_url, prefix, timeout)
+
+
+async def check_store(redis_url: str, prefix: str, timeout: float) -> tuple[bool, str]:
+    """Whether the shared store works, in words for `doctor` (without the password)."""
+    from claude_proxy.state.redis import check_connection
+    return await check_connection(redis_url, prefix, timeout)

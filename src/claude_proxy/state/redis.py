@@ -466,6 +466,34 @@ class RedisStore(StateStore):
             self._fresh.pop(key, None)  # too large to push: read again when next asked
 
 
+async def check_connection(url: str, prefix: str, timeout: float) -> tuple[bool, str]:
+    """For `claude-proxy doctor`: Redis answers, and takes a write and a read under the
+    prefix (an ACL user may lack either) within REDIS_TIMEOUT each; never the password."""
+    client = aioredis.from_url(url, socket_timeout=max(timeout, START_TIMEOUT),
+                               socket_connect_timeout=max(timeout, START_TIMEOUT),
+                               retry=Retry(NoBackoff(), 0))
+    key = f"{prefix}doctor:{process_name()}"
+    try:
+        started = time.perf_counter()
+        async with asyncio.timeout(max(timeout, START_TIMEOUT)):
+            await client.ping()
+        rtt = (time.perf_counter() - started) * 1e3
+        async with asyncio.timeout(max(timeout, START_TIMEOUT)):
+            await client.set(key, b"ok", px=5000)
+            read = await client.get(key)
+            await client.delete(key)
+    except Failure as exc:
+        return False, f"{display_url(url)}: {_reason(exc)} (the proxy would run degraded: " \
+                      "each process on its own)"
+    finally:
+        with contextlib.suppress(*Failure):
+            await client.aclose()
+    if read != b"ok":
+        return False, f"{display_url(url)}: a write under {prefix!r} did not read back"
+    slow = f"; slower than REDIS_TIMEOUT ({timeout * 1e3:.0f} ms)" if rtt > timeout * 1e3 else ""
+    return True, f"{display_url(url)} answers in {rtt:.1f} ms, prefix {prefix!r}{slow}"
+
+
 def _record(raw: bytes | str) -> Record | None:
     try:
         value = orjson.loads(raw)
