@@ -23,7 +23,9 @@ import httpx
 import pytest
 import redis
 
+from claude_proxy.capabilities import Refusals
 from claude_proxy.routing.health import CircuitBreaker
+from claude_proxy.state.local import LocalStore
 from claude_proxy.state.redis import RedisStore
 from tests.conftest import RedisServer, clean_env, eventually, free_port
 from tests.scripted_upstream import Reply, ScriptedUpstream, error_reply
@@ -53,6 +55,26 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 
 # ---------------------------------------------------------------- the store itself
+
+
+def test_a_refused_field_is_forgotten_after_its_ttl_in_process_too() -> None:
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    refusals = Refusals(LocalStore(clock=clock), "kimi", ttl=3600)
+    other = Refusals(refusals.store, "groq", ttl=3600)
+    refusals.remember("kimi-k2", "stream_options")
+    assert refusals.refuses("kimi-k2", "stream_options")
+    assert not refusals.refuses("kimi-k2", "user") and not refusals.refuses("k2", "user")
+    assert not other.refuses("kimi-k2", "stream_options")  # per provider
+    clock.now += 3599
+    assert refusals.refuses("kimi-k2", "stream_options")
+    clock.now += 2
+    assert not refusals.refuses("kimi-k2", "stream_options")  # tried again
 
 
 def test_two_stores_share_counters_records_logs_claims_and_minutes(

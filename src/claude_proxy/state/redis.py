@@ -432,6 +432,8 @@ class RedisStore(StateStore):
         if len(watched) > WATCHED_LIMIT:
             old, _ = watched.popitem(last=False)
             self._fresh.pop(old, None)
+            if not old.startswith(self.mirrored) and old not in self._records:
+                self.local.delete(old)  # no longer kept fresh: not kept at all
 
     def _apply_record(self, key: str, raw: bytes | str | None) -> None:
         self._fresh[key] = time.monotonic()
