@@ -2,10 +2,12 @@
 
 Cheap on the hot path and never in its way:
 - reads (`get`, `total`) come from a local copy (a LocalStore) that a background task keeps at
-  most about a second old; records other processes change are pushed at once (a publish on
-  `<prefix>changed`), so a cooldown opened by one process reaches the others in milliseconds;
+  most about a second old; changes to the mirrored families (a provider's health, a refused
+  field) are also pushed at once (a publish on `<prefix>changed`), so a cooldown opened by one
+  process reaches the others in milliseconds;
 - writes (`add`, `put`, `delete`, `append`, `add_fields`) change the local copy and are queued;
-  the background task sends them in one pipeline, off the response's critical path;
+  the background task sends them in one pipeline every FLUSH_DELAY at most, off the
+  response's critical path (`sync` sends them now, for the few the fleet must see at once);
 - every call waits at most REDIS_TIMEOUT. A failed or slow call opens a breaker around Redis:
   the process goes on with its local copy (fail open), logs a WARNING once, and pings each
   second; when Redis answers again it logs INFO once, adds the counters that grew meanwhile
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -46,6 +49,20 @@ PENDING_LIMIT = 10_000
 PUSH_LIMIT = 4096
 """Records up to this size (JSON bytes) travel in the change notice itself."""
 START_TIMEOUT = 1.0
+BATCH_MEMORY_MS = 3_600_000
+"""How long Redis remembers that a batch of increments was applied."""
+INCREMENT_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+for i = 2, #KEYS do
+  redis.call('INCRBYFLOAT', KEYS[i], ARGV[2 * i - 2])
+  local ttl = tonumber(ARGV[2 * i - 1])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return 1
+"""
+"""Adds a batch of counter increments once, whatever how often it is sent."""
+FLUSH_DELAY = 0.05
+"""Writes wait this long to share a pipeline with the next requests' (`sync` does not)."""
 MIRRORED = ("health:", "refusal:")
 """Key families every process keeps whole: loaded at start and after an outage, kept by
 change notices (a provider's cooldown, a refused field)."""
@@ -74,7 +91,12 @@ class RedisStore(StateStore):
         self._rtt_ms: float | None = None
         self._error: str | None = None
         self._owed: dict[str, tuple[float, float | None]] = {}
-        """Counter increments not yet in Redis: (amount, ttl) by key."""
+        """Counter increments not yet sent: (amount, ttl) by key."""
+        self._batches: OrderedDict[str, dict[str, tuple[float, float | None]]] = OrderedDict()
+        """Increments sent under an id, until Redis confirms them: a batch whose reply timed
+        out may still be applied (a paused Redis reads it when resumed), so it is sent again
+        under the same id, and the script applies each id once."""
+        self._increment = self._client.register_script(INCREMENT_ONCE)
         self._records: OrderedDict[str, tuple[bytes | None, float | None]] = OrderedDict()
         """Records to write (None: delete), the last write of a key winning."""
         self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
@@ -114,6 +136,8 @@ class RedisStore(StateStore):
     def delete(self, key: str) -> None:
         self.local.delete(key)
         self._owed.pop(key, None)
+        for batch in self._batches.values():  # atomic: applied whole or not at all
+            batch.pop(key, None)
         self._queue_record(key, None, None)
 
     def append(self, log: str, entry: Record, maxlen: int) -> None:
@@ -159,23 +183,15 @@ class RedisStore(StateStore):
                 for fields in found]
 
     async def add_total(self, key: str, amount: float = 1.0, ttl: float | None = None) -> float:
-        async def increment() -> Any:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.incrbyfloat(self.prefix + key, amount)
-            if ttl is not None:
-                pipe.expire(self.prefix + key, max(1, int(ttl)))
-            return (await pipe.execute())[0]
-
-        async with self._flushing:  # this process's earlier increments first
-            await self._flush_queued()
-            value = await self._call(increment)
+        self.add(key, amount, ttl)
+        async with self._flushing:
+            sent = self._up and await self._flush_queued()
+            value = await self._call(lambda: self._client.get(self.prefix + key)) if sent else None
         if value is None:
-            self.add(key, amount, ttl)
             return self.local.total(key)
-        self._watch(key, counter=True)
-        owed = self._owed.get(key, (0.0, None))[0]
-        self.local.set_total(key, float(value) + owed, ttl)
-        return float(value) + owed
+        total = float(value) + self._owed_for(key)
+        self.local.set_total(key, total, ttl)
+        return total
 
     async def fetch(self, key: str) -> Record | None:
         fresh = self._fresh.get(key, float("-inf")) > time.monotonic() - REFRESH_SECONDS
@@ -277,6 +293,8 @@ class RedisStore(StateStore):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, next_tick - loop.time())):
                     await self._wake.wait()
+            if self._wake.is_set() and not self._closing:
+                await asyncio.sleep(FLUSH_DELAY)  # gather the writes of the next requests
             self._wake.clear()
             if self._up:
                 await self._flush()
@@ -307,26 +325,32 @@ class RedisStore(StateStore):
         async with self._flushing:
             await self._flush_queued()
 
-    async def _flush_queued(self) -> None:
-        owed, self._owed = self._owed, {}
+    async def _flush_queued(self) -> bool:
+        if self._owed:
+            self._batches[uuid.uuid4().hex] = self._owed
+            self._owed = {}
+        batches = list(self._batches.items())
         records, self._records = self._records, OrderedDict()
         appends = list(self._appends)
         self._appends.clear()
         fields, self._fields = self._fields, {}
-        if not (owed or records or appends or fields):
-            return
+        if not (batches or records or appends or fields):
+            return True
         pipe = self._client.pipeline(transaction=False)
-        for key, (amount, ttl) in owed.items():
-            pipe.incrbyfloat(self.prefix + key, amount)
-            if ttl is not None:
-                pipe.expire(self.prefix + key, max(1, int(ttl)))
+        for batch, counters in batches:
+            keys = [f"{self.prefix}batch:{batch}", *(self.prefix + key for key in counters)]
+            args: list[float] = [BATCH_MEMORY_MS]
+            for amount, ttl in counters.values():
+                args += [amount, max(1, int(ttl)) if ttl is not None else 0]
+            await self._increment(keys=keys, args=args, client=pipe)
         for key, (raw, ttl) in records.items():
             if raw is None:
                 pipe.delete(self.prefix + key)
             else:
                 pipe.set(self.prefix + key, raw,
                          px=None if ttl is None else max(1, int(ttl * 1000)))
-            pipe.publish(self.channel, self._notice(key, raw, ttl))
+            if key.startswith(self.mirrored):
+                pipe.publish(self.channel, self._notice(key, raw, ttl))
         for log, raw, maxlen in appends:
             pipe.xadd(self.prefix + log, {b"e": raw}, maxlen=maxlen, approximate=True)
         for key, (amounts, ttl) in fields.items():
@@ -334,15 +358,17 @@ class RedisStore(StateStore):
                 pipe.hincrbyfloat(self.prefix + key, name, amount)
             pipe.expire(self.prefix + key, max(1, int(ttl)))
         if await self._call(pipe.execute) is None:
-            self._requeue(owed, records, appends, fields)
+            self._requeue(records, appends, fields)
+            return False
+        for batch, _ in batches:
+            self._batches.pop(batch, None)
+        return True
 
-    def _requeue(self, owed: dict[str, tuple[float, float | None]],
-                 records: OrderedDict[str, tuple[bytes | None, float | None]],
+    def _requeue(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
                  appends: list[tuple[str, bytes, int]],
                  fields: dict[str, tuple[dict[str, float], float]]) -> None:
-        """Writes that did not reach Redis wait for it (newer ones of a key win)."""
-        for key, (amount, ttl) in owed.items():
-            self._owe(key, amount, ttl)
+        """Writes that did not reach Redis wait for it (newer ones of a key win); the
+        counters' batches stay as they are, under their ids."""
         records.update(self._records)
         self._records = records
         while len(self._records) > PENDING_LIMIT:
@@ -363,7 +389,7 @@ class RedisStore(StateStore):
             return
         for (key, counter), raw in zip(keys, values, strict=True):
             if counter:
-                owed = self._owed.get(key, (0.0, None))[0]
+                owed = self._owed_for(key)
                 if raw is None and not owed:
                     self.local.delete(key)
                 else:
@@ -409,6 +435,11 @@ class RedisStore(StateStore):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------ local bookkeeping
+
+    def _owed_for(self, key: str) -> float:
+        """This process's increments of a counter that Redis has not confirmed."""
+        return self._owed.get(key, (0.0, None))[0] + sum(
+            batch[key][0] for batch in self._batches.values() if key in batch)
 
     def _owe(self, key: str, amount: float, ttl: float | None) -> None:
         before, before_ttl = self._owed.get(key, (0.0, None))

@@ -4,7 +4,8 @@ Each finished request writes, off the response's path (the store pipelines it):
 - its row to the log `ui:requests`, bounded like this process's ring (the last 1000);
 - its numbers to the minute's named counters `ui:minute:<minute>`, which expire after the hour
   the charts show;
-- its bodies, redacted as the page would show them, to `ui:body:<process>:<slot>`: each
+- its bodies (the inspector's view, configured secrets replaced; like this process's own,
+  the rest of logs.redact is applied when a page is sent it) to `ui:body:<process>:<slot>`: each
   process has INSPECT_REQUESTS slots, reused in turn, each expiring after BODY_TTL; the row
   names its slot, and a slot that has moved on to a later request no longer opens.
 Every process also notes itself in `ui:processes` now and then, so the page can say which
@@ -66,8 +67,8 @@ class FleetLog:
     # ------------------------------------------------------------ written
 
     def add(self, row: Row, now: float, body: str | None) -> None:
-        """One finished request of this process (`body`: its inspector view, redacted
-        JSON, or None when bodies are not kept)."""
+        """One finished request of this process (`body`: its inspector view as JSON, or None
+        when bodies are not kept)."""
         row["process"] = self.process
         if body is not None and self.inspect_limit:
             key = f"ui:body:{self.process}:{self._slot % self.inspect_limit}"
@@ -88,7 +89,16 @@ class FleetLog:
     # ------------------------------------------------------------ read
 
     async def rows(self) -> list[Row]:
-        return await self.store.read_log(ROWS_LOG, self.rows_limit)
+        """The fleet's last rows, oldest first; a row sent twice (its first pipeline timed
+        out, yet reached Redis) shown once."""
+        rows = await self.store.read_log(ROWS_LOG, self.rows_limit)
+        seen: set[str] = set()
+        unique = []
+        for row in reversed(rows):
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                unique.append(row)
+        return unique[::-1]
 
     async def processes(self, rows: list[Row]) -> list[str]:
         """The processes seen lately: noted themselves, or served one of the rows."""

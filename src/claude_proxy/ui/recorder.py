@@ -230,12 +230,21 @@ class Recorder:
             if len(self.kept) > self.inspect_limit:
                 self.kept.popitem(last=False)
         if self.fleet is not None:
-            view = inspector_view(record) if self.inspect_limit else None
-            self.fleet.add(row, now, self.dumps(view).decode() if view is not None else None)
+            self.fleet.add(row, now, self._stored_view(record) if self.inspect_limit else None)
         for subscription in self.subscriptions:
             subscription.push("request", row)
 
     # ------------------------------------------------------------ read by the dashboard
+
+    def _stored_view(self, record: RequestRecord) -> str:
+        """The inspector's view as the fleet stores it: configured secrets replaced at once
+        (a substring test); the patterns of logs.redact are applied when a page is sent it
+        (`dumps`), as for this process's own requests: on a Claude Code body they cost
+        milliseconds, too much for every request."""
+        text = orjson.dumps(inspector_view(record)).decode()
+        if any(secret in text for secret in self._secrets):
+            text = self.dumps(orjson.loads(text)).decode()
+        return text
 
     def sizes(self) -> dict[str, int]:
         """How much is held (for tests: these never exceed their limits)."""
