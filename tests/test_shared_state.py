@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import threading
 import uuid
@@ -29,6 +30,7 @@ from claude_proxy.state.local import LocalStore
 from claude_proxy.state.redis import RedisStore
 from tests.conftest import RedisServer, clean_env, eventually, free_port
 from tests.scripted_upstream import Reply, ScriptedUpstream, error_reply
+from tests.test_dashboard_browser import CHROMIUM, Page, browser  # noqa: F401 (a fixture)
 from tests.test_operations import doctor_responder, run_doctor
 
 Started = Callable[..., tuple[str, Any]]
@@ -267,7 +269,7 @@ class Fleet:
         self.processes: list[Any] = []
 
     def start(self, replicas: int = 2, *args: str, url: str | None = None) -> list[str]:
-        env = clean_env(self.tmp_path, REDIS_URL=url or self.redis_url,
+        env = clean_env(self.tmp_path, REDIS_URL=self.redis_url if url is None else url,
                         REDIS_PREFIX=self.keys, REDIS_TIMEOUT="0.1")
         urls = []
         for _ in range(replicas):
@@ -380,6 +382,14 @@ def test_dashboard_on_one_replica_lists_and_inspects_a_request_served_by_the_oth
     assert ANSWER in json.dumps(view["answer"])
 
 
+def requests_total(url: str) -> float:
+    """claude_proxy_requests_total of the requests the tests send, as one scrape says."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("claude_proxy_requests_total{")
+               and 'model="claude-sonnet-4-6"' in line)
+
+
 def test_four_workers_show_every_request_and_sum_their_metrics(
         fleet: Fleet) -> None:
     url, = fleet.start(1, "--workers", "4")
@@ -394,15 +404,43 @@ def test_four_workers_show_every_request_and_sum_their_metrics(
 
     assert eventually(lambda: listed() >= ids)
     assert all(listed() >= ids for _ in range(5)), "every page load lists all 40"
+    assert eventually(lambda: requests_total(url) == 40)
+    assert [requests_total(url) for _ in range(10)] == [40.0] * 10
+    assert "workers' metrics summed through" in fleet.output()
 
-    def total() -> float:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("claude_proxy_requests_total{")
-                   and 'model="claude-sonnet-4-6"' in line)
 
-    assert eventually(lambda: total() == 40)
-    assert [total() for _ in range(10)] == [40.0] * 10
+def test_workers_without_redis_sum_their_metrics_too(fleet: Fleet) -> None:
+    url, = fleet.start(1, "--workers", "2", url="")
+    for _ in range(10):
+        assert answered(ask(url))
+    assert detail(url)["state_backend"]["backend"] == "in-process"
+    assert eventually(lambda: requests_total(url) == 10)
+    assert [requests_total(url) for _ in range(10)] == [10.0] * 10
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK) and not os.environ.get("CI"),
+                    reason="chromium not installed (make test installs it)")
+def test_the_page_on_one_replica_shows_the_fleet_and_opens_the_others_request(
+        fleet: Fleet, browser: Any) -> None:  # noqa: F811 (the fixture)
+    a, b = fleet.start()
+    response = ask(a, content="served by A, shown by B")
+    request_id = response.headers["request-id"]
+    assert eventually(lambda: request_id in [row["id"] for row in hello(b)["requests"]])
+    processes = [detail(url)["state_backend"]["process"] for url in (a, b)]
+    tab = Page(browser, f"{b}/ui")
+    tab.page.wait_for_selector(f'#requests tr[data-id="{request_id}"]')
+    assert tab.page.inner_text("#scope") == (
+        f"all 2 processes on 1 host through Redis ({', '.join(sorted(processes))})"
+        f" · in flight: this process ({processes[1]}) only")
+    assert tab.errors == []
+    tab.close()
+    direct = Page(browser, f"{b}/ui/requests/{request_id}")
+    direct.page.wait_for_selector("#inspector pre.answer")
+    assert direct.page.inner_text("#inspector pre.answer") == ANSWER
+    assert "\"max_tokens\": 50" in direct.page.inner_text("#inspector")  # the client body
+    assert direct.errors == []
+    direct.close()
 
 
 def requests_through(urls: list[str], count: int, during: Callable[[], None]) -> list[bool]:

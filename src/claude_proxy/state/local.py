@@ -77,6 +77,13 @@ class LocalStore(StateStore):
             self._expiry.pop(key, None)
             self._set_expiry(key, ttl)
 
+    def keep(self, key: str, value: Record, ttl: float | None = None) -> None:
+        """`put` without the copy, for a value nobody else holds (one just parsed)."""
+        with self._lock:
+            self._records[key] = value
+            self._expiry.pop(key, None)
+            self._set_expiry(key, ttl)
+
     def get(self, key: str) -> Record | None:
         with self._lock:
             if self._expired(key):

@@ -124,7 +124,7 @@ class RedisStore(StateStore):
     def put(self, key: str, value: Record, ttl: float | None = None) -> None:
         raw = orjson.dumps(value)
         if len(raw) <= PUSH_LIMIT:
-            self.local.put(key, orjson.loads(raw), ttl)
+            self.local.keep(key, orjson.loads(raw), ttl)
         else:
             self.local.delete(key)  # large (a request's bodies): read from Redis when asked
         self._queue_record(key, raw, ttl)
@@ -472,7 +472,7 @@ class RedisStore(StateStore):
         if record is None:
             self.local.delete(key)
         else:
-            self.local.put(key, record)
+            self.local.keep(key, record)
 
     def _notice(self, key: str, raw: bytes | None, ttl: float | None) -> bytes:
         notice: Record = {"k": key, "p": self.process, "t": ttl, "d": raw is None}
@@ -493,7 +493,7 @@ class RedisStore(StateStore):
         if notice.get("d"):
             self.local.delete(key)
         elif "v" in notice:
-            self.local.put(key, notice["v"], notice.get("t"))
+            self.local.keep(key, notice["v"], notice.get("t"))
             self._fresh[key] = time.monotonic()
         else:
             self._fresh.pop(key, None)  # too large to push: read again when next asked

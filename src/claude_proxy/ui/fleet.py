@@ -73,7 +73,8 @@ class FleetLog:
         if body is not None and self.inspect_limit:
             key = f"ui:body:{self.process}:{self._slot % self.inspect_limit}"
             self._slot += 1
-            self.store.put(key, {"id": row["id"], "view": body}, ttl=BODY_TTL)
+            self.store.put(key, {"id": row["id"], "view": orjson.Fragment(body)},
+                           ttl=BODY_TTL)  # the view's JSON as it is, not quoted again
             row["body"] = key
         self.store.append(ROWS_LOG, row, self.rows_limit)
         self.store.add_fields(f"ui:minute:{int(now // 60)}", minute_fields(row),
@@ -140,7 +141,8 @@ class FleetLog:
         key = row.get("body")
         stored = await self.store.fetch(str(key)) if key else None
         if stored is not None and stored.get("id") == request_id:
-            view.update(orjson.loads(stored["view"]))
+            shown = stored["view"]
+            view.update(orjson.loads(shown) if isinstance(shown, str) else shown)
             view["kept"] = True
         return view
 
