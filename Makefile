@@ -16,7 +16,7 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-container lint typecheck unit bench clean browser redis
+.PHONY: run test test-container lint typecheck unit bench bench-redis clean browser redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,10 @@ unit: $(VENV)/.installed-test $(JS_CLIENTS)
 ## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## bench-redis: CPU per request and added latency with REDIS_URL vs in-process state
+bench-redis: $(VENV)/.installed-test redis
+	$(BIN)/python -m bench.redis_column $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,10 @@ import json
 import logging
 import os
 import re
+import shutil
+import socket
+import ssl
+import subprocess
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -514,19 +518,74 @@ def test_redis_down_at_start_starts_degraded_and_serves(fleet: Fleet) -> None:
 PASSWORD = "redis-pass-7f3a9c-never-shown"
 
 
-def test_a_rediss_url_with_user_and_password_is_accepted_and_never_shown(
-        fleet: Fleet, redis_server: RedisServer, tmp_path: Path) -> None:
-    url_with_password = f"rediss://proxyuser:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
-    url, = fleet.start(1, url=url_with_password)  # plain Redis behind: TLS fails, it starts anyway
-    assert answered(ask(url))
-    shown = [httpx.get(f"{url}/health?detail=1", timeout=30).text,
-             json.dumps(hello(url)), httpx.get(f"{url}/metrics", timeout=30).text]
-    assert f"rediss://127.0.0.1:{redis_server.port}/0" in shown[0]
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A second redis-server, TLS only (a self-signed certificate made by openssl), with an
+    ACL user `proxyuser` whose password is PASSWORD: (its port, the certificate)."""
+    if shutil.which("openssl") is None or shutil.which("redis-server") is None:
+        pytest.skip("openssl or redis-server is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
+                   capture_output=True, timeout=60)
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file",
+         str(cert), "--tls-auth-clients", "no", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path), "--user", "proxyuser", "on", f">{PASSWORD}", "~*", "&*",
+         "+@all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    context = ssl.create_default_context(cafile=str(cert))
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as raw, \
+                    context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    assert eventually(answers, timeout=30), "the TLS redis-server did not start"
+    yield port, cert
+    server.kill()
+    server.wait(timeout=15)
+
+
+def test_a_rediss_url_with_user_and_password_works_and_the_password_is_never_shown(
+        fleet: Fleet, tls_redis: tuple[int, Path], tmp_path: Path, upstream: ScriptedUpstream,
+        ) -> None:
+    port, cert = tls_redis
+    url_with_password = (f"rediss://proxyuser:{PASSWORD}@127.0.0.1:{port}/0"
+                         f"?ssl_ca_certs={cert}")
+    a, b = fleet.start(2, url=url_with_password)
+    response = ask(a)
+    assert answered(response)
+    request_id = response.headers["request-id"]
+    assert eventually(lambda: httpx.get(f"{b}/ui/api/requests/{request_id}",
+                                        timeout=30).status_code == 200)  # shared over TLS
+    backend = detail(b)["state_backend"]
+    assert backend["state"] == "redis ok" and backend["url"] == f"rediss://127.0.0.1:{port}/0"
+    shown = [httpx.get(f"{b}/health?detail=1", timeout=30).text, json.dumps(hello(b)),
+             httpx.get(f"{b}/metrics", timeout=30).text]
+    upstream.responder = doctor_responder
+    doctor = run_doctor(tmp_path, upstream, REDIS_URL=url_with_password)
+    assert re.search(rf"redis\s+ok\s+rediss://127.0.0.1:{port}/0 answers", doctor.stdout)
     log = (tmp_path / "logs" / "claude-proxy.log").read_text()
-    assert f"rediss://127.0.0.1:{redis_server.port}/0" in fleet.output()
-    for text in [*shown, log, fleet.output()]:
+    assert f"shared through Redis at rediss://127.0.0.1:{port}/0" in fleet.output()
+    for text in [*shown, log, fleet.output(), doctor.stdout + doctor.stderr]:
         assert PASSWORD not in text and "proxyuser" not in text
 
+
+def test_a_rediss_url_that_fails_its_handshake_still_starts(
+        fleet: Fleet, redis_server: RedisServer, tmp_path: Path) -> None:
+    url, = fleet.start(1, url=f"rediss://proxyuser:{PASSWORD}@127.0.0.1:{redis_server.port}/0")
+    assert answered(ask(url))  # a plain Redis behind: TLS fails, the proxy runs degraded
+    assert detail(url)["state_backend"]["state"] == "degraded: in-process"
+    log = (tmp_path / "logs" / "claude-proxy.log").read_text()
+    for text in [log, fleet.output(), json.dumps(detail(url))]:
+        assert PASSWORD not in text and "proxyuser" not in text
 
 
 def test_doctor_checks_the_redis_connection_without_showing_the_password(
