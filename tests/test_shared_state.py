@@ -316,17 +316,26 @@ def answered(response: httpx.Response) -> bool:
     return bool(response.json()["content"][0]["text"] == ANSWER)
 
 
-def hello(url: str) -> dict[str, Any]:
-    """What a dashboard page load receives first: the `hello` event of /ui/feed."""
-    with httpx.stream("GET", f"{url}/ui/feed", timeout=30) as feed:
-        event = None
-        for line in feed.iter_lines():
+def feed(url: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The events of a dashboard's live feed (/ui/feed), as they come."""
+    with httpx.stream("GET", f"{url}/ui/feed", timeout=30) as response:
+        event = ""
+        for line in response.iter_lines():
             if line.startswith("event: "):
                 event = line[7:]
-            elif line.startswith("data: ") and event == "hello":
-                data: dict[str, Any] = json.loads(line[6:])
-                return data
-    raise AssertionError("no hello event")
+            elif line.startswith("data: "):
+                yield event, json.loads(line[6:])
+
+
+def hello(url: str) -> dict[str, Any]:
+    """What a dashboard page load receives first: the `hello` event of /ui/feed."""
+    events = feed(url)
+    try:
+        event, data = next(events)
+    finally:
+        events.close()
+    assert event == "hello"
+    return data
 
 
 def detail(url: str) -> dict[str, Any]:
@@ -365,6 +374,16 @@ def test_a_field_refused_once_is_never_sent_again_by_either_replica(
 def test_dashboard_on_one_replica_lists_and_inspects_a_request_served_by_the_other(
         fleet: Fleet) -> None:
     a, b = fleet.start()
+    live = feed(b)  # a page open on B while A serves the request
+    assert next(live)[0] == "hello"
+    response = ask(a, content="only on replica A")
+    request_id = response.headers["request-id"]
+    for _, (event, data) in zip(range(60), live, strict=False):  # a live tick each second
+        if event == "request" and data["id"] == request_id:
+            break
+    else:
+        raise AssertionError("the open page was not sent the other replica's request")
+    live.close()
     response = ask(a, content="only on replica A")
     assert answered(response)
     request_id = response.headers["request-id"]
