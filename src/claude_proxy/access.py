@@ -42,6 +42,9 @@ class RequestRecord:
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None
     tokens: dict[str, int] = field(default_factory=dict)
+    input_estimate: int = 0
+    """The proxy's own estimate of the input sent (calibrated against what the upstream
+    reports: routing/calibration.py)."""
 
     # What the dashboard's inspector shows. Everything is kept by reference, never copied,
     # so recording costs one list append per client write while a response streams.

@@ -29,12 +29,14 @@ PROVIDERS = (
     "ollama",
     "azure",
     "openai",
+    "minimax",
+    "gemini",
 )
 
 
 Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter",
-                  "chat_template_kwargs"]
-Passback = Literal["reasoning_content", "reasoning", "none"]
+                  "chat_template_kwargs", "minimax", "gemini"]
+Passback = Literal["reasoning_content", "reasoning", "reasoning_details", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
 CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
 WebSearchMode = Literal["native", "backend", "off"]
@@ -61,31 +63,42 @@ class ProviderProfile:
 
 
 PROFILES: dict[str, ProviderProfile] = {
-    "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768, 32768,
-                            "thinking", "reasoning_content", ("kimi-k2",)),
-    "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768, 32768,
+    "kimi": ProviderProfile("kimi", "kimi-k3", "kimi-k3", "kimi-k3", 32768, 32768,
+                            "thinking", "reasoning_content", ("kimi-k2", "kimi-k3")),
+    "glm": ProviderProfile("glm", "glm-5.3", "glm-5.3", "glm-5.3-flash", 32768, 32768,
                            "thinking", "reasoning_content",
                            ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5")),
-    "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
-                                "deepseek-chat", 8192, 32768, "thinking", "reasoning_content",
+    "deepseek": ProviderProfile("deepseek", "deepseek-v4-pro", "deepseek-v4-pro",
+                                "deepseek-v4-flash", 8192, 32768, "thinking", "reasoning_content",
                                 ("deepseek-",)),
-    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768, 32768,
-                                 "enable_thinking", "none",
+    "dashscope": ProviderProfile("dashscope", "qwen3.8-max", "qwen-plus", "qwen-flash", 32768,
+                                 32768, "enable_thinking", "none",
                                  ("qwen3", "qwen-plus", "qwen-flash", "qwen-turbo", "qwq",
                                   "glm-", "deepseek-v3")),
-    "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
-                                  "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",)),
+    "openrouter": ProviderProfile("openrouter", "moonshotai/kimi-k3", "moonshotai/kimi-k3",
+                                  "openai/gpt-5.4-mini", 32768, 32768, "openrouter", "none",
+                                  ("*",)),
     "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
                             "chat_template_kwargs", "reasoning", ("*",)),
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
                               "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
-    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
+    "azure": ProviderProfile("azure", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,
                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
-    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
+    "openai": ProviderProfile("openai", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,
                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
+    # MiniMax M2/M3: reasoning_split puts the reasoning in reasoning_details, which interleaved
+    # thinking needs back on tool turns (conversion/dialects.py).
+    "minimax": ProviderProfile("minimax", "MiniMax-M3", "MiniMax-M3", "MiniMax-M2.7", 32768, 32768,
+                               "minimax", "reasoning_details", ("minimax-m2", "minimax-m3"),
+                               (), True),
+    # Gemini 3 through Google's OpenAI-compatible endpoint (AI Studio, Vertex): thought
+    # signatures travel on the tool calls (conversion/dialects.py).
+    "gemini": ProviderProfile("gemini", "gemini-3.8-flash", "gemini-3.8-flash",
+                              "gemini-3.5-flash-lite", 32768, 32768, "gemini", "none",
+                              ("gemini-",), (), True),
 }
 
-DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2")
+DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2", "minimax-m3")
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -97,6 +110,9 @@ _URL_HINTS: tuple[tuple[str, str], ...] = (
     ("dashscope", "dashscope"),
     ("aliyuncs", "dashscope"),
     ("openrouter", "openrouter"),
+    ("minimax", "minimax"),
+    ("generativelanguage.googleapis.com", "gemini"),
+    ("aiplatform.googleapis.com", "gemini"),
     ("azure", "azure"),
     (":11434", "ollama"),
     ("ollama", "ollama"),

@@ -19,6 +19,7 @@ from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
+from claude_proxy.routing.discovery import discover, windows
 from claude_proxy.routing.router import Router
 from claude_proxy.state import check_store
 from claude_proxy.upstream import OpenAIClient
@@ -254,9 +255,15 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
         provider_lines, provider_works = await diagnose_provider(name, settings, routed)
         lines.extend(provider_lines)
         works.update({(name, model): ok for model, ok in provider_works.items()})
+    await discover(config)
+    known = windows(config)
     for route, c in routes:
         ok = works.get((c.provider, c.model), False)
-        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}")
+        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}"
+                     f" {window_note(known.get(c.provider, {}).get(c.model))}")
+    if not routes:
+        lines.extend(f"  {provider},{model} {window_note(facts)}"
+                     for provider, models in known.items() for model, facts in models.items())
     ok = all(works.values())
     if config.settings.web_search_backend:
         search = await check_search_backend(config.settings)
@@ -272,6 +279,15 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok
+
+
+def window_note(facts: dict[str, Any] | None) -> str:
+    """`window 131072 (source)`, or that none is known (no pre-flight for that model)."""
+    if not facts or facts.get("context_window") is None:
+        return "window unknown (no pre-flight; set context_window)"
+    output = facts.get("max_output_tokens")
+    return (f"window {facts['context_window']}"
+            f"{f', output {output}' if output else ''} ({facts['source']})")
 
 
 def run_doctor(config: ProxyConfig) -> int:

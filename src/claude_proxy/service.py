@@ -35,16 +35,18 @@ from claude_proxy.conversion.response_converter import (
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.conversion.structured import apply_responses_structured_output
-from claude_proxy.errors import ProxyError, context_overflow
+from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
+from claude_proxy.overflow import ContextOverflow, context_overflow
 from claude_proxy.retry import parse_retry_after
+from claude_proxy.routing import calibration, preflight
 from claude_proxy.routing.config import ProxyConfig
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.router import Candidate, Router
 from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
-from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
 from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.websearch.blocks import replay_blocks
@@ -66,6 +68,8 @@ class Attempt:
     provider: Provider
     candidate: Candidate
     upstream: UpstreamRequest
+    fit: preflight.Fit
+    """Its input estimate and window (the pre-flight's measure)."""
 
 
 def classify(error: ProxyError) -> Failure:
@@ -76,7 +80,7 @@ def classify(error: ProxyError) -> Failure:
         return "credential"
     if error.status in FAILOVER_STATUSES:
         return "retriable"
-    if context_overflow(error, 0) is not None:
+    if isinstance(error, ContextOverflow) or context_overflow(error, 0) is not None:
         return "overflow"
     return "final"
 
@@ -197,7 +201,7 @@ class MessagesService:
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
         parser = responses.ResponsesParser() if upstream.api == "responses" else None
-        return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
+        return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
                                sign=partial(self.signer.sign, origin=origin),
                                think_tags=upstream.think_tags, leading_think_tags=True,
                                show_inline_thinking=upstream.thinking, parser=parser)
@@ -210,17 +214,23 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
+        measure = self.measure(body, session, estimate)
         previous = await self.sessions.recall(session)
-        walk = _Walk(self.router.candidates(body, estimate, previous), self.providers)
+        candidates = self.router.candidates(body, estimate, previous)
+        fits = preflight.plan(candidates, self.router.route("long_context"), measure)
+        walk = _Walk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)
         while (candidate := await walk.next()) is not None:
             provider = self.providers[candidate.provider]
             self._note_route(record, candidate, walk)  # an error is then the last one tried
+            fit = measure(candidate)
+            record.input_estimate = fit.raw
             try:
-                attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
+                attempt, result = await self._attempt(provider, candidate, fit, body, send,
+                                                      cache_key)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
-                await self._after_failure(walk, provider, candidate, error, estimate)
+                await self._after_failure(walk, provider, candidate, error, fit)
                 continue
             finally:
                 provider.health.release()
@@ -229,8 +239,37 @@ class MessagesService:
             return attempt, result
         raise self._all_failed(walk, estimate)
 
+    def measure(self, body: dict[str, Any], session: str | None,
+                plain: int | None = None) -> preflight.Measure:
+        """Measures candidates for this request: the calibrated input estimate for the
+        model and its known window (each model family's estimate is made once; `plain`, the
+        tokenizer-free one, when already made)."""
+        raw: dict[str | None, int] = {} if plain is None else {None: plain}
+        fits: dict[Candidate, preflight.Fit] = {}
+        conversation = calibration.thread(body)
+
+        def measure(candidate: Candidate) -> preflight.Fit:
+            if candidate not in fits:
+                family = encoding_name(candidate.model)
+                if family not in raw:
+                    raw[family] = estimate_request_tokens(body, candidate.model)
+                facts = self.config.models.facts(candidate.provider, candidate.model)
+                tokens = calibration.calibrated(self.store, session, candidate.provider,
+                                                candidate.model, raw[family], conversation)
+                fits[candidate] = preflight.Fit(candidate, tokens, raw[family],
+                                                facts.context_window, facts.max_output_tokens)
+            return fits[candidate]
+        return measure
+
+    def count_tokens(self, body: dict[str, Any], session: str | None) -> int:
+        """count_tokens: the calibrated input estimate for the model this request would go
+        to (exact for OpenAI-family models)."""
+        plain = estimate_request_tokens(body)
+        candidates = self.router.candidates(body, plain, self.sessions.previous(session))
+        return self.measure(body, session, plain)(candidates[0]).tokens
+
     async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
-                       error: ProxyError, estimate: int) -> None:
+                             error: ProxyError, fit: preflight.Fit) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""
         kind = classify(error)
         if kind == "final":
@@ -239,7 +278,7 @@ class MessagesService:
             raise error
         if kind == "overflow":
             self._count(candidate, "error")
-            overflow = context_overflow(error, estimate)
+            overflow = context_overflow(error, fit.tokens, fit.window)
             assert overflow is not None
             if not walk.reroute(self.router.route("long_context"), candidate):
                 raise overflow
@@ -299,16 +338,21 @@ class MessagesService:
 
     # ------------------------------------------------------------ one provider
 
-    async def _attempt(self, provider: Provider, candidate: Candidate, body: dict[str, Any],
-                       send: Send[T], cache_key: str | None = None) -> tuple[Attempt, T]:
+    async def _attempt(self, provider: Provider, candidate: Candidate, fit: preflight.Fit,
+                       body: dict[str, Any], send: Send[T],
+                       cache_key: str | None = None) -> tuple[Attempt, T]:
         """Send to one provider; if it refuses something we added (an optional field, the
         cache breakpoints, the reasoning fields, a later system message), remember that for
-        the model and send once more without. `cache_key`: the session's prompt-cache key."""
+        the model and send once more without. `cache_key`: the session's prompt-cache key.
+        max_tokens is clamped to the room the model's window leaves (pre-flight)."""
+        body = preflight.clamped(body, fit)
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
-            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
+            return (Attempt(provider, candidate, upstream, fit),
+                    await _sent(provider, upstream, send))
         except ProxyError as error:
-            refused = self._refused_fields(error, upstream)
+            refused = [] if isinstance(error, ContextOverflow) else self._refused_fields(
+                error, upstream)
             if not refused:
                 raise
             model = candidate.model
@@ -320,7 +364,8 @@ class MessagesService:
                 provider.refusals.remember(model, field)
             await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
-            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
+            return (Attempt(provider, candidate, upstream, fit),
+                    await _sent(provider, upstream, send))
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -372,10 +417,14 @@ class MessagesService:
         return message
 
     def remember_session(self, session: str | None, record: RequestRecord) -> None:
-        """The input this turn really used, for the next turn's long_context rule."""
-        self.sessions.remember(session, record.tokens.get("input", 0)
-                               + record.tokens.get("cache_read", 0)
-                               + record.tokens.get("cache_write", 0))
+        """The input this turn really used, for the next turn's long_context rule and the
+        session's calibration (routing/calibration.py)."""
+        reported = (record.tokens.get("input", 0) + record.tokens.get("cache_read", 0)
+                    + record.tokens.get("cache_write", 0))
+        self.sessions.remember(session, reported)
+        calibration.remember(self.store, session, record.provider, record.upstream_model,
+                             reported, record.input_estimate,
+                             calibration.thread(record.client_body))
 
 
 async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

@@ -26,8 +26,9 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from claude_proxy.access import mark
 from claude_proxy.config import ProviderSettings
-from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
+from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
+from claude_proxy.overflow import from_payload, from_upstream
 from claude_proxy.retry import RetryPolicy
 from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
@@ -68,7 +69,7 @@ class UpstreamStream:
         for chunk in self._first:
             error = self._wire.error_of(chunk)
             if error:
-                raise error_from_payload(error)
+                raise from_payload(error)
             if not self._wire.is_preamble(chunk):
                 break
 
@@ -179,7 +180,7 @@ class OpenAIClient:
         answer = await self._complete(self.responses_url, body, {})
         error = responses.WIRE.error_of(answer)
         if error:
-            raise self._redacted(error_from_payload(error))
+            raise self._redacted(from_payload(error))
         return answer
 
     async def open_response_stream(self, body: dict[str, Any]) -> UpstreamStream:
@@ -281,7 +282,7 @@ async def _read_error(response: httpx.Response) -> ProxyError:
         content = b""
     finally:
         await response.aclose()
-    return error_from_upstream(response.status_code, content, dict(response.headers))
+    return from_upstream(response.status_code, content, dict(response.headers))
 
 
 def _transport_error(exc: httpx.HTTPError) -> ProxyError:
@@ -302,7 +303,7 @@ def _parse_json_body(content: bytes) -> Chunk:
     if not isinstance(data, dict):
         raise ProxyError(502, "upstream returned an unexpected JSON body", error_type="api_error")
     if data.get("error"):
-        raise error_from_payload(data["error"])
+        raise from_payload(data["error"])
     return data
 
 

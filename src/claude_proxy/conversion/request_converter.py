@@ -10,6 +10,12 @@ from typing import Any, Literal
 
 from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
 from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
+from claude_proxy.conversion.dialects import (
+    attach_reasoning_details,
+    for_provider,
+    provider_fields,
+    sign_gemini_history,
+)
 from claude_proxy.conversion.messages import (
     AssistantTurn,
     Part,
@@ -23,6 +29,7 @@ from claude_proxy.conversion.reasoning import (
     OpaqueFor,
     attach_opaque_details,
     attach_passback,
+    attach_tool_call_extras,
     dialect_parameters,
     effective_reasoning,
 )
@@ -185,11 +192,17 @@ def convert_request(
     else:
         result.extras, result.thinking = apply_reasoning_parameters(body, request, settings)
         passback = settings.passback
-        attach_passback(messages, assistant_turns, passback, is_ours)
+        if passback == "reasoning_details":
+            attach_reasoning_details(messages, assistant_turns, is_ours)
+        else:
+            attach_passback(messages, assistant_turns, passback, is_ours)
         if passback != "none" and any(passback in message for message in messages):
             result.extras[passback] = "<history>"
         if attach_opaque_details(messages, assistant_turns, opaque_for):
             result.extras["reasoning_details"] = "<history>"
+    attach_tool_call_extras(messages, assistant_turns, opaque_for)
+    if settings.dialect == "gemini":
+        sign_gemini_history(messages)
     result.think_tags = matches_prefix(model, settings.think_tag_models)
     apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
     return result
@@ -205,7 +218,8 @@ def apply_reasoning_parameters(
     (Azure among them) reject fields they do not know.
     """
     model = body["model"]
-    wanted = effective_reasoning(request, settings, "tools" in body)
+    wanted = for_provider(effective_reasoning(request, settings, "tools" in body), body,
+                          settings.provider_name)
     on = wanted.level is not None
     is_reasoning_model = matches_prefix(model, settings.model_prefixes)
     if not is_reasoning_model and not matches_prefix(model, settings.chat_prefixes):
@@ -220,6 +234,8 @@ def apply_reasoning_parameters(
         dialect = settings.dialect
     extras = dialect_parameters(dialect, wanted, provider=settings.provider_name,
                                 verbosity=settings.reasoning_verbosity)
+    if not is_reasoning_model:
+        extras = provider_fields(extras, wanted, provider=settings.provider_name, model=model)
     body.update(extras)
     if on:
         limit_key = "max_completion_tokens" if is_reasoning_model else "max_tokens"

@@ -42,10 +42,12 @@ NO_CACHE_USE = {"prompt_tokens": 0, "cache_read_tokens": 0, "cache_hit_ratio": 0
 
 def health_detail(providers: Mapping[str, Provider],
                   cache: Mapping[str, dict[str, Any]] | None = None,
+                  windows: Mapping[str, dict[str, Any]] | None = None,
                   backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Each provider's breaker state and prompt-cache hit ratio (`metrics.CacheStats`), and
-    the state backend (`StateStore.describe()`): with a shared one the breakers are the
-    fleet's, the counts of successes, failures and cache use this process's own."""
+    """Each provider's breaker state, prompt-cache hit ratio (`metrics.CacheStats`) and
+    its models' context windows with where each came from (`discovery.windows`), and the
+    state backend (`StateStore.describe()`): with a shared one the breakers are the fleet's,
+    the counts of successes, failures and cache use this process's own."""
     detail: dict[str, Any] = {}
     for name, provider in providers.items():
         snapshot = asdict(provider.health.snapshot())
@@ -53,7 +55,8 @@ def health_detail(providers: Mapping[str, Provider],
         snapshot["cooling_until"] = (None if until is None else datetime.fromtimestamp(
             until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         detail[name] = {"profile": provider.settings.provider_name, **snapshot,
-                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE)}
+                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE),
+                        "models": (windows or {}).get(name, {})}
     state = dict(backend or {"backend": "in-process", "state": "ok", "shared": False})
     if state.get("shared"):
         scope = (f"fleet-wide: cooldowns, probes and refused fields are shared through "

@@ -25,6 +25,7 @@ from claude_proxy.conversion.deltas import (
     UpstreamFailure,
     Usage,
 )
+from claude_proxy.conversion.reasoning import tool_call_extra
 from claude_proxy.conversion.think_tags import TAG_PAIRS, Piece, ThinkTagSplitter
 from claude_proxy.conversion.usage import find_usage
 
@@ -220,6 +221,7 @@ class ChatCompletionsParser:
             deltas.extend(self._undecided_text())
             for fragment in tool_calls:
                 if isinstance(fragment, dict):
+                    deltas.extend(_tool_call_extra(fragment))
                     deltas.append(self._tool_piece(fragment))
 
     def _content(self, content: str) -> list[Delta]:
@@ -288,6 +290,17 @@ class ChatCompletionsParser:
         elif fragment_id and not slot.upstream_id:
             slot.upstream_id = fragment_id
         return slot.key
+
+
+def _tool_call_extra(fragment: dict[str, Any]) -> list[Delta]:
+    """A tool call's `extra_content` (Gemini's `google.thought_signature`), kept whole with
+    the call's id: the upstream wants it back on that call next turn, the user never sees
+    it. It travels in the signature of the (empty) thinking block opened before the call."""
+    extra = fragment.get("extra_content")
+    if not isinstance(extra, dict) or not extra:
+        return []
+    call_id = fragment.get("id")
+    return [OpaqueReasoning(tool_call_extra(call_id if isinstance(call_id, str) else "", extra))]
 
 
 def buffered_chunks(response: Chunk) -> Iterator[Chunk]:
