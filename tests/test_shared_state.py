@@ -414,13 +414,16 @@ def requests_total(url: str) -> float:
 
 
 def test_four_workers_show_every_request_and_sum_their_metrics(
-        fleet: Fleet) -> None:
+        fleet: Fleet, fleet_upstreams: dict[str, ScriptedUpstream]) -> None:
     url, = fleet.start(1, "--workers", "4")
     ids = set()
     for _ in range(40):
-        response = ask(url)
+        response = ask(url)  # a new connection each: the workers share them out
         assert answered(response)
         ids.add(response.headers["request-id"])
+    assert 2 <= len(fleet_upstreams["bad"].requests) <= 3  # one cooldown for the four
+    states = {detail(url)["providers"]["bad"]["state"] for _ in range(8)}
+    assert states == {"cooling"}, "whichever worker answers"
 
     def listed() -> set[str]:
         return {row["id"] for row in hello(url)["requests"]}
