@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -237,9 +238,11 @@ class RedisStore(StateStore):
         else:
             self._up = True
             logger.info("state shared through Redis at %s (prefix %r)", self.url, self.prefix)
+        pubsub = await self._subscribe() if self._up else None
+        if self._up:
             await self._reload()
         self._tasks = [asyncio.create_task(self._keep(), name="redis-store"),
-                       asyncio.create_task(self._listen(), name="redis-store-notices")]
+                       asyncio.create_task(self._listen(pubsub), name="redis-store-notices")]
 
     async def close(self) -> None:
         self._closing = True
@@ -415,24 +418,38 @@ class RedisStore(StateStore):
         await self._refresh(keys + [item for item in self._watched.items()
                                     if item[0] not in seen])
 
-    async def _listen(self) -> None:
-        """Applies other processes' change notices; resubscribes after an outage."""
-        while not self._closing:
-            if not self._up:
-                await asyncio.sleep(REFRESH_SECONDS / 4)
-                continue
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            try:
+    async def _subscribe(self) -> PubSub | None:
+        """A subscription to the change notices (None when Redis does not answer)."""
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            async with asyncio.timeout(max(self.timeout, START_TIMEOUT)):
                 await pubsub.subscribe(self.channel)
+        except Failure:
+            with contextlib.suppress(*Failure):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            return None
+        return pubsub
+
+    async def _listen(self, pubsub: PubSub | None) -> None:
+        """Applies other processes' change notices (`pubsub`: subscribed before the process
+        serves, so none is missed at start); subscribes again after an outage."""
+        while not self._closing:
+            if pubsub is None:
+                if self._up:
+                    pubsub = await self._subscribe()
+                if pubsub is None:
+                    await asyncio.sleep(REFRESH_SECONDS / 4)
+                    continue
+            try:
                 while self._up and not self._closing:
                     message = await pubsub.get_message(timeout=REFRESH_SECONDS)
                     if message is not None and message.get("type") == "message":
                         self._take_notice(message["data"])
             except Failure:
                 await asyncio.sleep(REFRESH_SECONDS / 4)
-            finally:
-                with contextlib.suppress(*Failure):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(*Failure):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            pubsub = None
 
     # ------------------------------------------------------------ local bookkeeping
 
