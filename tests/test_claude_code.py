@@ -48,19 +48,24 @@ TOOL_OUTPUT = "hi-from-tool"
 
 
 def run_claude(tmp_path: Path, proxy: ProxyServer, prompt: str, *args: str,
-               model: str | None = "claude-sonnet-4-6") -> list[dict[str, Any]]:
-    """One `claude -p` run; returns its stream-json lines (the last one is the result)."""
+               model: str | None = "claude-sonnet-4-6", binary: Path | None = None,
+               retries: bool = False, persist: bool = False) -> list[dict[str, Any]]:
+    """One `claude -p` run; returns its stream-json lines (the last one is the result).
+    `binary` another Claude Code; `retries` leaves Claude Code's own retries on; `persist`
+    keeps the session (in tmp_path's HOME) for a later `-c`."""
     home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
     for folder in (home, work, tmp):
         folder.mkdir(exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
            "TMPDIR": str(tmp), "ANTHROPIC_BASE_URL": proxy.url,
            "ANTHROPIC_API_KEY": "sk-claude-code-test",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_MAX_RETRIES": "0"}
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    if not retries:
+        env["CLAUDE_CODE_MAX_RETRIES"] = "0"
     if model:
         env["ANTHROPIC_MODEL"] = model
-    command = [str(CLAUDE_BIN), "-p", prompt, "--output-format", "stream-json", "--verbose",
-               "--no-session-persistence", *args]
+    command = [str(binary or CLAUDE_BIN), "-p", prompt, "--output-format", "stream-json",
+               "--verbose", *([] if persist else ["--no-session-persistence"]), *args]
     result = subprocess.run(command, env=env, cwd=work, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=120)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

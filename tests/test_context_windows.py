@@ -269,7 +269,7 @@ def test_count_tokens_within_five_percent_after_the_first_turn(
 
 def serving_windows(routes: list[Route]) -> ScriptedUpstream:
     server = ScriptedUpstream()
-    server.app.router.routes.extend(routes)
+    server.app.router.routes[:0] = routes  # before the scripted upstream's own (its /props)
     return server.start()
 
 

@@ -108,6 +108,14 @@ def check_stream(sent: Sent) -> None:
     assert "event: message_stop" in sent.response.text
 
 
+def check_stop_sequences(sent: Sent) -> None:
+    """Matched by the proxy: not sent as `stop`; the upstream streams (to be cancelled)."""
+    assert sent.added() == {"stream": True, "stream_options": {"include_usage": True}}
+    message = sent.response.json()
+    assert (message["stop_reason"], message["stop_sequence"]) == ("end_turn", None)
+    assert message["content"] == [{"type": "text", "text": "scripted default"}]
+
+
 def check_structured(sent: Sent) -> None:
     assert sent.added() == {"response_format": {"type": "json_schema", "json_schema": {
         "name": "response", "schema": CLEAN_SCHEMA, "strict": True}}}
@@ -142,7 +150,7 @@ CASES: dict[str, Case] = {
                    adds(messages=[{"role": "system", "content": "be brief"},
                                   {"role": "user", "content": "hi"}])),
     "stream": Case({"stream": True}, check_stream),
-    "stop_sequences": Case({"stop_sequences": ["END"]}, adds(stop=["END"])),
+    "stop_sequences": Case({"stop_sequences": ["END"]}, check_stop_sequences),
     "temperature": Case({"temperature": 0.25}, adds(temperature=0.25)),
     "top_p": Case({"top_p": 0.5}, adds(top_p=0.5)),
     "top_k": Case({"top_k": 40}, adds(top_k=40), profile="vllm"),

@@ -18,6 +18,7 @@ EXPECTED = {
     ".env.dashscope": ("dashscope", "enable_thinking", "none", "qwen3-max"),
     ".env.openrouter": ("openrouter", "openrouter", "none", "moonshotai/kimi-k2.5"),
     ".env.vllm": ("vllm", "chat_template_kwargs", "reasoning", "Qwen/Qwen3-32B"),
+    ".env.llamacpp": ("llamacpp", "chat_template_kwargs", "reasoning_content", "default"),
     ".env.ollama": ("ollama", "reasoning_effort", "reasoning", "qwen3:8b"),
     ".env.azure": ("azure", "reasoning_effort", "none", "gpt-5-mini"),
     ".env.openai": ("openai", "reasoning_effort", "none", "gpt-5"),

@@ -369,6 +369,27 @@ def test_other_4xx_never_fail_over(routed_proxy: Callable[..., ProxyServer],
     assert received(upstreams) == {"alpha": ["alpha-main"], "beta": [], "gamma": []}
 
 
+def test_a_server_not_set_up_for_the_request_fails_over_without_retry(
+        routed_proxy: Callable[..., ProxyServer],
+        upstreams: dict[str, ScriptedUpstream]) -> None:
+    """llama-server without --jinja (a permanent 500): the next candidate may take tools;
+    when none does, the client gets the 400 that says what to change."""
+    proxy = routed_proxy()
+    upstreams["alpha"].queue(error_reply(500, "tools param requires --jinja flag"))
+    assert answer_text(post(proxy)) == "scripted default"
+    assert received(upstreams) == {"alpha": ["alpha-main"], "beta": ["beta-fallback"],
+                                   "gamma": []}
+    alpha = proxy.app.state.service.providers["alpha"].health.snapshot()
+    assert alpha.misconfigured and alpha.state == "healthy"
+    upstreams["alpha"].queue(error_reply(500, "tools param requires --jinja flag"))
+    upstreams["beta"].queue(error_reply(500, "tools param requires --jinja flag"))
+    response = post(proxy)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].endswith(
+        "To fix: start llama-server with --jinja (tools are rendered by the chat template "
+        "only then).")
+
+
 # ---------------------------------------------------------------- models, metrics, CLI
 
 

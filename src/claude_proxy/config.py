@@ -26,6 +26,7 @@ PROVIDERS = (
     "dashscope",
     "openrouter",
     "vllm",
+    "llamacpp",
     "ollama",
     "azure",
     "openai",
@@ -80,6 +81,10 @@ PROFILES: dict[str, ProviderProfile] = {
                                   ("*",)),
     "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
                             "chat_template_kwargs", "reasoning", ("*",)),
+    # llama.cpp's llama-server: one model whatever the name; Jinja templates read
+    # chat_template_kwargs; it takes earlier reasoning back as `reasoning_content` only.
+    "llamacpp": ProviderProfile("llamacpp", "default", "default", "default", 16384, 16384,
+                                "chat_template_kwargs", "reasoning_content", ("*",)),
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
                               "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
     "azure": ProviderProfile("azure", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,

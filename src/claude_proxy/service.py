@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -25,6 +25,7 @@ from claude_proxy.capabilities import (
     refused_structured,
     structured_mode,
 )
+from claude_proxy.config import ProviderSettings
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
@@ -48,7 +49,8 @@ from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
 from claude_proxy.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
-from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstreams import chat_completions, llamacpp, responses
+from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream
 from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
@@ -56,9 +58,14 @@ logger = logging.getLogger("claude_proxy.service")
 T = TypeVar("T")
 Send = Callable[[Provider, UpstreamRequest], Awaitable[T]]
 
+SERVER_PROFILE_KEY = "server-profile:"
+"""Store records: the profile a provider's server was recognised as (per provider name)."""
+SERVER_PROFILE_TTL = 3600.0
+"""Refreshed by the next answer that says so; a server swapped for another is relearned."""
+
 FAILOVER_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 CREDENTIAL_STATUSES = frozenset({401, 402, 403})
-Failure = Literal["retriable", "credential", "overflow", "final"]
+Failure = Literal["retriable", "credential", "misconfigured", "overflow", "final"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,10 @@ class Attempt:
 def classify(error: ProxyError) -> Failure:
     """What a failure before the first byte means for failover: try the next candidate
     (counting towards cooldown or, for a refused credential, not), reroute a context
-    overflow, or answer the client now."""
+    overflow, or answer the client now. A server not set up for the request (e.g. llama-server
+    without --jinja) is tried no more, but another provider may be."""
+    if isinstance(error, MisconfiguredUpstream):
+        return "misconfigured"
     if error.status in CREDENTIAL_STATUSES:
         return "credential"
     if error.status in FAILOVER_STATUSES:
@@ -132,6 +142,37 @@ class MessagesService:
         self.signer = signer
         self.metrics = metrics
         self.sessions = SessionSizes(self.store)
+        self._recognised: dict[str, ProviderSettings] = {}
+        for provider in providers.values():
+            if llamacpp.recognisable(provider.settings):
+                provider.client.on_headers = partial(self._note_server, provider.name)
+
+    # ------------------------------------------------------------ the server behind a provider
+
+    def _note_server(self, name: str, headers: Mapping[str, str]) -> None:
+        """A provider whose profile was only guessed: llama-server says who it is in every
+        answer's `Server` header; from then on the provider gets the `llamacpp` profile."""
+        key = SERVER_PROFILE_KEY + name
+        known = self.store.get(key)
+        if llamacpp.is_llamacpp(headers):
+            if known is None:
+                logger.info("provider %s is llama.cpp (its Server header): using the %s "
+                            "profile", name, llamacpp.PROFILE)
+                self.store.put(key, {"profile": llamacpp.PROFILE}, ttl=SERVER_PROFILE_TTL)
+        elif known is not None:
+            self.store.delete(key)
+
+    def settings_of(self, provider: Provider) -> ProviderSettings:
+        """The provider's settings, with the profile its server was recognised as."""
+        known = self.store.get(SERVER_PROFILE_KEY + provider.name)
+        profile = known.get("profile") if known else None
+        if not isinstance(profile, str) or not llamacpp.recognisable(provider.settings):
+            return provider.settings
+        cached = self._recognised.get(provider.name)
+        if cached is None or cached.provider != profile:
+            cached = provider.settings.model_copy(update={"provider": profile})
+            self._recognised[provider.name] = cached
+        return cached
 
     @property
     def client(self) -> OpenAIClient:
@@ -175,14 +216,15 @@ class MessagesService:
         body = replay_blocks(body, self.signer)  # earlier web searches as text
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
-        if responses.uses_responses(model, provider.settings):
+        settings = self.settings_of(provider)
+        if responses.uses_responses(model, settings):
             upstream = responses.convert_request(
-                body, provider.settings, model=model, opaque_for=opaque_for,
+                body, settings, model=model, opaque_for=opaque_for,
                 without_reasoning=refusals.refuses(model, REASONING),
                 without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
             apply_responses_structured_output(upstream.body, body)
         else:
-            upstream = convert_request(body, provider.settings, model=model,
+            upstream = convert_request(body, settings, model=model,
                                        is_ours=self.is_ours, opaque_for=opaque_for,
                                        without_reasoning=refusals.refuses(model, REASONING),
                                        structured=structured_mode(refusals, model),
@@ -204,7 +246,8 @@ class MessagesService:
         return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
                                sign=partial(self.signer.sign, origin=origin),
                                think_tags=upstream.think_tags, leading_think_tags=True,
-                               show_inline_thinking=upstream.thinking, parser=parser)
+                               show_inline_thinking=upstream.thinking, parser=parser,
+                               stop_sequences=body.get("stop_sequences") or ())
 
     # ------------------------------------------------------------ routing and failover
 
@@ -290,6 +333,10 @@ class MessagesService:
             provider.health.record_misconfigured(error.message)
             logger.warning("provider %s refused its credential (%d %s): check its key",
                            provider.name, error.status, error.message)
+        elif isinstance(error, MisconfiguredUpstream):
+            provider.health.record_misconfigured(error.message)
+            logger.warning("provider %s is not set up for this request: %s", provider.name,
+                           error.advice)
         else:
             await provider.health.failed(error.message,
                                          parse_retry_after(error.headers.get("retry-after")))
@@ -312,7 +359,7 @@ class MessagesService:
             overflow = context_overflow(error, estimate)
             if overflow is not None:
                 return overflow
-        if failures and all(classify(e) == "credential" for _, e in failures):
+        if failures and all(classify(e) in ("credential", "misconfigured") for _, e in failures):
             return failures[0][1]
         summary = "; ".join(f"{c.provider},{c.model}: {e.status} {e.message}"[:300]
                             for c, e in failures)
@@ -351,8 +398,8 @@ class MessagesService:
             return (Attempt(provider, candidate, upstream, fit),
                     await _sent(provider, upstream, send))
         except ProxyError as error:
-            refused = [] if isinstance(error, ContextOverflow) else self._refused_fields(
-                error, upstream)
+            known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
+            refused = [] if known else self._refused_fields(error, upstream)
             if not refused:
                 raise
             model = candidate.model
@@ -399,7 +446,11 @@ class MessagesService:
         return self.converter(body, attempt), stream
 
     async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
-        """A whole Message, for non-streaming clients."""
+        """A whole Message, for non-streaming clients. With stop sequences the upstream is
+        asked for a stream, so that it can be cancelled where one matches."""
+        if body.get("stop_sequences"):
+            return await self._create_streamed(body, session)
+
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
             if upstream.api == "responses":
                 return provider.client.respond(upstream.body)
@@ -414,6 +465,31 @@ class MessagesService:
         current_record().message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, current_record())
+        return message
+
+    async def _create_streamed(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
+        """`create` through an upstream stream, read until its end or a stop sequence."""
+        converter, stream = await self.open_stream({**body, "stream": True}, session)
+        record = current_record()
+        record.stream = False
+        events = converter.start()
+        try:
+            async for batch in stream:
+                for chunk in batch:
+                    events.extend(converter.feed(chunk))
+                    if converter.stopped:
+                        break
+                if converter.stopped:
+                    break
+            if not (stream.complete or converter.saw_finish_reason):
+                raise ProxyError(502, "upstream stream ended before the response was complete",
+                                 error_type="api_error")
+        finally:
+            await stream.aclose()  # cancels the upstream after a stop sequence
+        message = collect_message(events + converter.finish())
+        record.message = message
+        record_usage(message["usage"], converter.reasoning_tokens())
+        self.remember_session(session, record)
         return message
 
     def remember_session(self, session: str | None, record: RequestRecord) -> None:

@@ -31,12 +31,16 @@ from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.overflow import from_payload, from_upstream
 from claude_proxy.retry import RetryPolicy
 from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
 
 logger = logging.getLogger("claude_proxy.upstream")
 
 Chunk = dict[str, Any]
 T = TypeVar("T")
+
+LOGGED_MESSAGE_CHARS = 300
+"""How much of an upstream's error message a log line carries."""
 
 KEEP_IDLE = 8
 """Idle upstream connections kept open per provider for the next requests."""
@@ -142,6 +146,8 @@ class OpenAIClient:
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
         self._secrets = settings.upstream_secrets()
+        self.on_headers: Callable[[httpx.Headers], None] | None = None
+        """Shown every answer's headers (how the service recognises llama-server)."""
 
     @staticmethod
     def _auth_headers(settings: ProviderSettings) -> dict[str, str]:
@@ -238,10 +244,14 @@ class OpenAIClient:
             except ProxyError as error:
                 self._redacted(error)
                 if not self._policy.should_retry(number, error.status):
+                    status = (error.upstream_status if isinstance(error, MisconfiguredUpstream)
+                              else error.status)
+                    logger.warning("upstream failed (%d %s): %s; not retried", status,
+                                   error.error_type, logged_message(error))
                     raise
                 delay = self._policy.delay(number, error.headers.get("retry-after"))
-                logger.warning("upstream failed (%d %s), retry %d in %.2fs", error.status,
-                               error.error_type, number + 1, delay)
+                logger.warning("upstream failed (%d %s): %s; retry %d in %.2fs", error.status,
+                               error.error_type, logged_message(error), number + 1, delay)
                 mark("retry", f"{error.status} {error.error_type}, again in {delay:.2f}s")
                 if self._on_retry is not None:
                     self._on_retry()
@@ -265,6 +275,8 @@ class OpenAIClient:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise _transport_error(exc) from exc
+        if self.on_headers is not None:
+            self.on_headers(response.headers)
         if response.status_code < 400:
             return response
         raise await _read_error(response)
@@ -276,13 +288,24 @@ class OpenAIClient:
 
 
 async def _read_error(response: httpx.Response) -> ProxyError:
+    """The client's error for a non-2xx answer; one that no retry can fix (a server not set
+    up for the request) becomes a 400 saying what to change (upstreams/misconfigured.py)."""
     try:
         content = await response.aread()
     except httpx.HTTPError:
         content = b""
     finally:
         await response.aclose()
-    return from_upstream(response.status_code, content, dict(response.headers))
+    return recognise(from_upstream(response.status_code, content, dict(response.headers)))
+
+
+def logged_message(error: ProxyError) -> str:
+    """An upstream error's message for a log line: one line, capped (the log filter redacts
+    keys; `_redacted` has already taken out this provider's own)."""
+    text = " ".join(error.message.split())
+    if len(text) > LOGGED_MESSAGE_CHARS:
+        text = text[:LOGGED_MESSAGE_CHARS] + "…"
+    return repr(text)
 
 
 def _transport_error(exc: httpx.HTTPError) -> ProxyError:

@@ -33,6 +33,7 @@ from claude_proxy.conversion.reasoning import (
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.stop_sequences import STOP_REPORTING_PROFILES
 from claude_proxy.conversion.structured import (
     StructuredMode,
     apply_structured_output,
@@ -54,7 +55,7 @@ logger = logging.getLogger("claude_proxy.conversion")
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 # Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
 # APIs of the others have no such field.
-TOP_K_PROFILES = frozenset({"vllm", "ollama"})
+TOP_K_PROFILES = frozenset({"vllm", "llamacpp", "ollama"})
 
 
 def map_model(requested: str, settings: ProviderSettings) -> str:
@@ -268,8 +269,8 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any],
         if request.get(name) is not None:
             body[name] = request[name]
     stop = request.get("stop_sequences")
-    if stop:
-        body["stop"] = list(stop)
+    if stop and settings.provider_name in STOP_REPORTING_PROFILES:
+        body["stop"] = list(stop)  # elsewhere the proxy matches them (stop_sequences.py)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         body["user"] = anonymous_user(metadata["user_id"])

@@ -10,7 +10,7 @@ Message these events add up to.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -52,12 +52,14 @@ class StreamConverter(BlockMachine):
         leading_think_tags: bool = False,
         show_inline_thinking: bool = True,
         parser: WireParser | None = None,
+        stop_sequences: Sequence[str] = (),
     ) -> None:
         """`think_tags` splits `<think>` sections out of the content, `leading_think_tags`
         only content that starts with one; with `show_inline_thinking` False (the client
         turned thinking off) they are removed. `parser` replaces the Chat Completions parser
-        (the Responses API)."""
-        super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id)
+        (the Responses API). `stop_sequences`: the client's, matched in the text."""
+        super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
+                         stop_sequences=stop_sequences)
         self.parser: WireParser = parser or ChatCompletionsParser(
             think_tags=think_tags, leading_think_tags=leading_think_tags,
             show_inline_thinking=show_inline_thinking)
@@ -82,6 +84,8 @@ def convert_chunks(
     events = converter.start()
     for chunk in chunks:
         events.extend(converter.feed(chunk))
+        if converter.stopped:
+            break
     events.extend(converter.finish())
     return events
 

@@ -39,7 +39,7 @@ from claude_proxy.routing.model_facts import FACT_KEYS, ModelTable
 logger = logging.getLogger("claude_proxy.config")
 
 ROUTE_NAMES = ("default", "background", "think", "long_context", "image", "web_search")
-KEYLESS_PROFILES = frozenset({"ollama", "vllm"})
+KEYLESS_PROFILES = frozenset({"ollama", "vllm", "llamacpp"})
 SECRET_FROM_ENV = "env:"
 FILE_PROVIDER_RETRIES = 1
 """A provider's own retries stay small: failover and Claude Code (10 tries) retry too."""

@@ -28,6 +28,7 @@ from claude_proxy.config import ProviderSettings
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.model_facts import ModelFacts
 from claude_proxy.upstream import OpenAIClient
+from claude_proxy.upstreams.llamacpp import parse_props
 
 logger = logging.getLogger("claude_proxy.discovery")
 
@@ -109,6 +110,8 @@ def _probes(settings: ProviderSettings) -> list[Probe]:
         return [ollama]
     if profile == "openrouter":
         return [openrouter]
+    if profile == "llamacpp":
+        return [llamacpp]
     host = urlsplit(settings.openai_base_url).netloc.lower()
     if profile in ("vllm", "openai") and not any(h in host for h in _NOT_PROBED_HOSTS):
         return [vllm, llamacpp]
@@ -161,9 +164,8 @@ async def vllm(client: httpx.AsyncClient, settings: ProviderSettings, models: li
 async def llamacpp(client: httpx.AsyncClient, settings: ProviderSettings,
                    models: list[str]) -> Found:
     """llama.cpp's server: one model, each slot with `n_ctx` tokens."""
-    props = await _get(client, settings, f"{_root(settings)}/props")
-    settings_of_slot = props.get("default_generation_settings") or {}
-    n_ctx = settings_of_slot.get("n_ctx") or props.get("n_ctx")
+    props = parse_props(await _get(client, settings, f"{_root(settings)}/props"))
+    n_ctx = props.n_ctx if props is not None else None
     return _for_all(models, _facts(n_ctx, "discovered: llama.cpp /props n_ctx"))
 
 

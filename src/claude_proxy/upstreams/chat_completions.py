@@ -129,6 +129,16 @@ class DetailsMerger:
         return [OpaqueReasoning(entry) for entry in entries if is_opaque_detail(entry)]
 
 
+def matched_stop(choice: dict[str, Any]) -> str | None:
+    """The stop string a server says it stopped at: vLLM's `stop_reason` (a token id there
+    is not a string), SGLang's `matched_stop`."""
+    for name in ("stop_reason", "matched_stop"):
+        value = choice.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 @dataclass
 class _Slot:
     key: int
@@ -191,7 +201,7 @@ class ChatCompletionsParser:
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             deltas.extend(self._details.take_opaque())
-            deltas.append(Finish(STOP_REASONS.get(reason, "end_turn")))
+            deltas.append(Finish(STOP_REASONS.get(reason, "end_turn"), matched_stop(choice)))
         return deltas
 
     def flush(self) -> list[Delta]:
@@ -327,7 +337,11 @@ def buffered_chunks(response: Chunk) -> Iterator[Chunk]:
         if isinstance(call, dict):
             yield _chunk({"tool_calls": [{**call, "index": index}]})
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    final: Chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    final_choice: Chunk = {"index": 0, "delta": {}, "finish_reason": finish}
+    stop = matched_stop(choice) if isinstance(choice, dict) else None
+    if stop is not None:
+        final_choice["stop_reason"] = stop
+    final: Chunk = {"choices": [final_choice]}
     if isinstance(response.get("usage"), dict):
         final["usage"] = response["usage"]
     yield final
