@@ -408,7 +408,7 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
                 if secret is not None and secret.get_secret_value()] + self.redis_secrets()
 
     def redis_secrets(self) -> list[str]:
-        """The password (and user) in REDIS_URL, for redaction."""
+        """The password in REDIS_URL, for redaction (it is never logged; this is the net)."""
         if self.redis_url is None:
             return []
         parts = urlsplit(self.redis_url.get_secret_value())
