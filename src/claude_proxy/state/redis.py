@@ -62,6 +62,24 @@ end
 return 1
 """
 """Adds a batch of counter increments once, whatever how often it is sent."""
+WRITE_ALL = """
+local ops = cjson.decode(ARGV[1])
+for _, op in ipairs(ops) do
+  local kind = op[1]
+  if kind == 's' then
+    if op[4] > 0 then redis.call('SET', op[2], ARGV[op[3]], 'PX', op[4])
+    else redis.call('SET', op[2], ARGV[op[3]]) end
+  elseif kind == 'd' then redis.call('DEL', op[2])
+  elseif kind == 'p' then redis.call('PUBLISH', op[2], ARGV[op[3]])
+  elseif kind == 'x' then redis.call('XADD', op[2], 'MAXLEN', '~', op[4], '*', 'e', ARGV[op[3]])
+  elseif kind == 'h' then redis.call('HINCRBYFLOAT', op[2], op[3], op[4])
+  elseif kind == 'e' then redis.call('EXPIRE', op[2], op[3])
+  end
+end
+return #ops
+"""
+"""A flush's writes (records, notices, log entries, minute counters) as one command: the
+operations in ARGV[1] (JSON), the values they name in the ARGV that follow."""
 FLUSH_DELAY = 0.05
 """Writes wait this long to share a pipeline with the next requests' (`sync` does not)."""
 MIRRORED = ("health:", "refusal:")
@@ -98,6 +116,7 @@ class RedisStore(StateStore):
         out may still be applied (a paused Redis reads it when resumed), so it is sent again
         under the same id, and the script applies each id once."""
         self._increment = self._client.register_script(INCREMENT_ONCE)
+        self._write_all = self._client.register_script(WRITE_ALL)
         self._records: OrderedDict[str, tuple[bytes | None, float | None]] = OrderedDict()
         """Records to write (None: delete), the last write of a key winning."""
         self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
@@ -346,26 +365,43 @@ class RedisStore(StateStore):
             for amount, ttl in counters.values():
                 args += [amount, max(1, int(ttl)) if ttl is not None else 0]
             await self._increment(keys=keys, args=args, client=pipe)
-        for key, (raw, ttl) in records.items():
-            if raw is None:
-                pipe.delete(self.prefix + key)
-            else:
-                pipe.set(self.prefix + key, raw,
-                         px=None if ttl is None else max(1, int(ttl * 1000)))
-            if key.startswith(self.mirrored):
-                pipe.publish(self.channel, self._notice(key, raw, ttl))
-        for log, raw, maxlen in appends:
-            pipe.xadd(self.prefix + log, {b"e": raw}, maxlen=maxlen, approximate=True)
-        for key, (amounts, ttl) in fields.items():
-            for name, amount in amounts.items():
-                pipe.hincrbyfloat(self.prefix + key, name, amount)
-            pipe.expire(self.prefix + key, max(1, int(ttl)))
+        ops, values = self._operations(records, appends, fields)
+        if ops:
+            await self._write_all(keys=[], args=[orjson.dumps(ops), *values], client=pipe)
         if await self._call(pipe.execute) is None:
             self._requeue(records, appends, fields)
             return False
         for batch, _ in batches:
             self._batches.pop(batch, None)
         return True
+
+    def _operations(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
+                    appends: list[tuple[str, bytes, int]],
+                    fields: dict[str, tuple[dict[str, float], float]],
+                    ) -> tuple[list[list[Any]], list[bytes]]:
+        """The writes as WRITE_ALL's operations, and the values they name (by ARGV index):
+        one command for the whole flush, so that Redis answers once, not once a write."""
+        ops: list[list[Any]] = []
+        values: list[bytes] = []
+
+        def value(raw: bytes) -> int:
+            values.append(raw)
+            return len(values) + 1  # ARGV[1] is the operations
+
+        for key, (raw, ttl) in records.items():
+            if raw is None:
+                ops.append(["d", self.prefix + key])
+            else:
+                ops.append(["s", self.prefix + key, value(raw),
+                            0 if ttl is None else max(1, int(ttl * 1000))])
+            if key.startswith(self.mirrored):
+                ops.append(["p", self.channel, value(self._notice(key, raw, ttl))])
+        for log, raw, maxlen in appends:
+            ops.append(["x", self.prefix + log, value(raw), maxlen])
+        for key, (amounts, ttl) in fields.items():
+            ops += [["h", self.prefix + key, name, amount] for name, amount in amounts.items()]
+            ops.append(["e", self.prefix + key, max(1, int(ttl))])
+        return ops, values
 
     def _requeue(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
                  appends: list[tuple[str, bytes, int]],
