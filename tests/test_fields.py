@@ -334,10 +334,10 @@ def test_unknown_fields_and_betas_are_logged_once(proxy: ProxyServer, upstream: 
                "claude_proxy.fields")
 
 
-def test_readme_has_the_code_table() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert markdown_tables() in readme, (
-        "README's field tables differ from the code's: paste the output of "
+def test_the_docs_have_the_code_table() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    assert markdown_tables() in page, (
+        "docs/api.md's field tables differ from the code's: paste the output of "
         "`python -m claude_proxy.conversion.fields`")
 
 

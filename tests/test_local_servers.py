@@ -367,7 +367,7 @@ def test_llamacpp_profile_is_recognised_from_the_server_header(
         proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
         caplog: pytest.LogCaptureFixture) -> None:
     proxy = proxy_factory(provider=None)
-    assert proxy.settings.provider_name == "openai"  # a loopback URL says nothing
+    assert proxy.settings.provider_name == "generic"  # a loopback URL says nothing
     thought = {"role": "assistant", "content": [
         {"type": "thinking", "thinking": "earlier thought", "signature": ""},
         {"type": "text", "text": "earlier answer"}]}
@@ -378,13 +378,13 @@ def test_llamacpp_profile_is_recognised_from_the_server_header(
         sdk(proxy).messages.create(**history)
         sdk(proxy).messages.create(**history)
     first, second = upstream.requests
-    assert "reasoning_content" not in first["messages"][1]  # the openai profile: none
+    assert "reasoning_content" not in first["messages"][1]  # the generic profile: none
     assert "chat_template_kwargs" not in first
     assert second["messages"][1] == {"role": "assistant", "content": "earlier answer",
                                      "reasoning_content": "earlier thought"}
     assert second["chat_template_kwargs"] == {"enable_thinking": False, "thinking": False}
     assert [r.getMessage() for r in caplog.records if "llama.cpp" in r.getMessage()] == [
-        "provider openai is llama.cpp (its Server header): using the llamacpp profile"]
+        "provider generic is llama.cpp (its Server header): using the llamacpp profile"]
 
 
 # ---------------------------------------------------------------- doctor

@@ -155,11 +155,17 @@ def test_clamps_when_reasoning_is_on() -> None:
     assert convert(config, "kimi-k2.6", **ADAPTIVE, max_tokens=900).body["max_tokens"] == 900
 
 
-def test_tools_turn_thinking_off_unless_configured() -> None:
-    off = convert(settings("glm"), "glm-4.7", tools=TOOLS, **ADAPTIVE)
+def test_tools_turn_thinking_off_when_the_profile_or_setting_says_so() -> None:
+    """GLM thinks with tools by default (as .env.glm says); REASONING_WITH_TOOLS=false and
+    the generic profile turn it off."""
+    off = convert(settings("glm", reasoning_with_tools=False), "glm-4.7", tools=TOOLS,
+                  **ADAPTIVE)
     assert off.extras == {"thinking": {"type": "disabled"}} and off.thinking is False
-    on = convert(settings("glm", reasoning_with_tools=True), "glm-4.7", tools=TOOLS, **ADAPTIVE)
+    on = convert(settings("glm"), "glm-4.7", tools=TOOLS, **ADAPTIVE)
     assert on.extras == {"thinking": {"type": "enabled"}} and on.thinking is True
+    generic = convert(settings("generic", reasoning_chat_prefixes=["*"]), "m", tools=TOOLS,
+                      **ADAPTIVE)
+    assert generic.extras == {} and generic.thinking is False
 
 
 def test_claude_code_first_request_with_kimi_profile() -> None:

@@ -397,7 +397,8 @@ def test_models_list_through_the_sdk(routed_proxy: Callable[..., ProxyServer]) -
     proxy = routed_proxy()
     client = anthropic.Anthropic(base_url=proxy.url, api_key="unused")
     ids = [model.id for model in client.models.list()]
-    assert ids == ["alpha,alpha-main", "beta,beta-small", "gamma,gamma-think",
+    assert ids == ["route:default", "route:background", "route:think", "route:long_context",
+                   "route:image", "alpha,alpha-main", "beta,beta-small", "gamma,gamma-think",
                    "gamma,gamma-long", "beta,beta-vision", "beta,beta-fallback",
                    "alpha,alpha-big", "alpha,alpha-middle", "alpha,alpha-small",
                    "beta,beta-big", "beta,beta-middle",  # beta,beta-small listed once
@@ -405,7 +406,7 @@ def test_models_list_through_the_sdk(routed_proxy: Callable[..., ProxyServer]) -
     model = client.models.retrieve("gamma,gamma-long")
     assert model.display_name == "gamma-long (gamma)" and model.type == "model"
     page = httpx.get(f"{proxy.url}/v1/models").json()
-    assert page["has_more"] is False and page["first_id"] == "alpha,alpha-main"
+    assert page["has_more"] is False and page["first_id"] == "route:default"
     assert page["last_id"] == "gamma,gamma-small"
 
 
@@ -580,8 +581,9 @@ def test_detail_and_models_need_the_client_key_when_one_is_set(
     assert list(detail["providers"]) == ["openai"]
     assert detail["providers"]["openai"]["state"] == "healthy"
     models = httpx.get(f"{proxy.url}/v1/models", headers={"x-api-key": CLIENT_KEY}).json()
-    assert [m["id"] for m in models["data"]] == ["openai,big-upstream", "openai,middle-upstream",
-                                                 "openai,small-upstream"]
+    assert [m["id"] for m in models["data"]] == [
+        "route:big", "route:middle", "route:small", "openai,big-upstream",
+        "openai,middle-upstream", "openai,small-upstream"]
 
 
 def test_an_error_names_the_provider_and_route_that_gave_it(

@@ -34,7 +34,7 @@ from claude_proxy.conversion.response_converter import (
     collect_message,
     convert_chunks,
 )
-from claude_proxy.conversion.signatures import Origin, ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
@@ -214,6 +214,7 @@ class MessagesService:
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
+        body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
         settings = self.settings_of(provider)
@@ -243,10 +244,14 @@ class MessagesService:
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
         parser = responses.ResponsesParser() if upstream.api == "responses" else None
+        thinking = body.get("thinking")
+        omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
         return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
-                               sign=partial(self.signer.sign, origin=origin),
+                               sign=partial(self.signer.sign, origin=origin, hidden=omitted),
+                               omit_thinking=omitted,
                                think_tags=upstream.think_tags, leading_think_tags=True,
-                               show_inline_thinking=upstream.thinking, parser=parser,
+                               show_inline_thinking=upstream.thinking,
+                               text_tools=upstream.text_tools, parser=parser,
                                stop_sequences=body.get("stop_sequences") or ())
 
     # ------------------------------------------------------------ routing and failover
@@ -259,7 +264,8 @@ class MessagesService:
         estimate = estimate_request_tokens(body)
         measure = self.measure(body, session, estimate)
         previous = await self.sessions.recall(session)
-        candidates = self.router.candidates(body, estimate, previous)
+        candidates = self.router.candidates(body, estimate, previous,
+                                            subagent=record.agent != "-")
         fits = preflight.plan(candidates, self.router.route("long_context"), measure)
         walk = _Walk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)

@@ -63,18 +63,23 @@ class _ReasoningBlockState:
 
     kind = "thinking"
 
-    def __init__(self, index: int, sign: Sign) -> None:
+    def __init__(self, index: int, sign: Sign, *, omitted: bool = False) -> None:
         self.index = index
         self._sign = sign
+        self._omitted = omitted
+        """`thinking.display: "omitted"`: no thinking_delta; the text travels in the
+        signature (`sign` was made with `hidden=True`)."""
         self._pieces: list[str] = []
         self.opaque: list[dict[str, Any]] = []
 
     def start(self) -> Event:
         return _block_start(self.index, {"type": "thinking", "thinking": "", "signature": ""})
 
-    def add(self, text: str) -> Event:
+    def add(self, text: str) -> list[Event]:
         self._pieces.append(text)
-        return _block_delta(self.index, {"type": "thinking_delta", "thinking": text})
+        if self._omitted:
+            return []
+        return [_block_delta(self.index, {"type": "thinking_delta", "thinking": text})]
 
     def close(self) -> list[Event]:
         signature = self._sign("".join(self._pieces), self.opaque)
@@ -164,10 +169,13 @@ class BlockMachine:
     """Deltas in, Anthropic events out, for one response."""
 
     def __init__(self, model: str, *, input_tokens: int, sign: Sign,
-                 message_id: str | None = None, stop_sequences: Sequence[str] = ()) -> None:
+                 message_id: str | None = None, stop_sequences: Sequence[str] = (),
+                 omit_thinking: bool = False) -> None:
         """`stop_sequences`: the client's, matched in the text (conversion/stop_sequences.py);
-        once one matches, `stopped` is true and nothing after it is relayed."""
+        once one matches, `stopped` is true and nothing after it is relayed.
+        `omit_thinking` (`thinking.display: "omitted"`): thinking blocks without their text."""
         self.model = model
+        self._omit_thinking = omit_thinking
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
         self._sign = sign
@@ -321,12 +329,13 @@ class BlockMachine:
         if not isinstance(self._open, _ReasoningBlockState):
             self._held_whitespace = ""
             events.extend(self._close_open())
-            self._open = _ReasoningBlockState(self._take_index(), self._sign)
+            self._open = _ReasoningBlockState(self._take_index(), self._sign,
+                                              omitted=self._omit_thinking)
             events.append(self._open.start())
         return self._open
 
     def _add_thinking(self, text: str, events: list[Event]) -> None:
-        events.append(self._thinking_block(events).add(text))
+        events.extend(self._thinking_block(events).add(text))
 
     def _add_text(self, text: str, events: list[Event]) -> None:
         """Text deltas; whitespace that would open a block alone is held until text follows,

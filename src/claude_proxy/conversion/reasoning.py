@@ -73,8 +73,9 @@ def effective_reasoning(request: dict[str, Any], settings: ProviderSettings,
     (older models cannot call functions while thinking)."""
     wanted = requested_reasoning(request, settings)
     if wanted.level is not None and has_tools and not settings.reasons_with_tools:
-        logger.debug("thinking turned off: the request has tools "
-                     "(set REASONING_WITH_TOOLS=true to keep it)")
+        logger.info("thinking turned off: the request has tools and profile %s does not "
+                    "think with tools (set REASONING_WITH_TOOLS=true to keep it)",
+                    settings.provider_name)
         return ReasoningRequest(None)
     return wanted
 

@@ -113,7 +113,7 @@ def _probes(settings: ProviderSettings) -> list[Probe]:
     if profile == "llamacpp":
         return [llamacpp]
     host = urlsplit(settings.openai_base_url).netloc.lower()
-    if profile in ("vllm", "openai") and not any(h in host for h in _NOT_PROBED_HOSTS):
+    if profile in ("vllm", "openai", "generic") and not any(h in host for h in _NOT_PROBED_HOSTS):
         return [vllm, llamacpp]
     return []
 

@@ -27,7 +27,7 @@ def recognisable(settings: ProviderSettings) -> bool:
     """A provider whose profile is only a guess (PROVIDER unset, a host the URL hints do
     not know): its server may say that it is llama-server."""
     return (settings.provider is None and not settings.azure_api_version
-            and settings.provider_name == "openai")
+            and settings.provider_name == "generic")
 
 
 def is_llamacpp(headers: Mapping[str, str]) -> bool:
