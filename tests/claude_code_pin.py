@@ -4,6 +4,7 @@ pins (and `make test-claude-latest`'s `latest`) never share a folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -35,3 +36,29 @@ def environment(url: str, home: Path, tmp: Path) -> dict[str, str]:
             "TMPDIR": str(tmp), "ANTHROPIC_BASE_URL": url,
             "ANTHROPIC_API_KEY": "sk-claude-code-test",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_MAX_RETRIES": "0"}
+
+
+def newest_claude_bin() -> Path:
+    """`$CLAUDE_BIN_NEWEST`, else what `make test-claude-latest` installed."""
+    configured = os.environ.get("CLAUDE_BIN_NEWEST")
+    path = Path(configured) if configured else Path(".cache") / "claude-code-latest" / BINARY
+    return path if path.is_absolute() else ROOT / path
+
+
+def version_of(binary: Path) -> str | None:
+    """The version in the package.json beside a native binary (None when not installed)."""
+    try:
+        return str(json.loads((binary.parent / "package.json").read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def claude_binaries() -> dict[str, Path]:
+    """The Claude Code releases the "pinned and newest" tests run: the pin, and the newest
+    when one is installed that is another release (today's pin is npm's latest, and running
+    the same binary twice proves nothing)."""
+    pinned, newest = default_claude_bin(), newest_claude_bin()
+    found = {"pinned": pinned}
+    if os.access(newest, os.X_OK) and version_of(newest) != version_of(pinned):
+        found["newest"] = newest
+    return found

@@ -1,6 +1,6 @@
-"""Real Claude Code (the pinned 2.1.328 and the newest 2.1.332) in front of local model
-servers as they behave: llama-server without Jinja (its recorded answer, replayed exactly), and
-a chat template that demands strict user/assistant alternation (Gemma's)."""
+"""Real Claude Code (the pin, and the newest release when another is installed) in front of
+local model servers as they behave: llama-server without Jinja (its recorded answer, replayed
+exactly), and a chat template that demands strict user/assistant alternation (Gemma's)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.claude_code_pin import claude_binaries
 from tests.conftest import ProxyServer, SuiteRecord
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, http_recording, text_stream
-from tests.test_claude_code import CLAUDE_BIN, TOOL_OUTPUT, blocks, run_claude
+from tests.test_claude_code import TOOL_OUTPUT, blocks, run_claude
 from tests.test_local_servers import alternates, strict_template
 
-NEWEST = Path(os.environ.get(
-    "CLAUDE_BIN_NEWEST", Path(__file__).resolve().parents[1] /
-    ".cache/claude-code-2.1.332/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
-BINARIES = {"pinned": CLAUDE_BIN, "newest": NEWEST}
+BINARIES = claude_binaries()
 
 pytestmark = pytest.mark.claude_code
 

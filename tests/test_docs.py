@@ -28,7 +28,7 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
-               "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py"}
+               "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py"}
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",

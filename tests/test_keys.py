@@ -26,6 +26,7 @@ from claude_proxy.config import Settings
 from claude_proxy.routing.config import ConfigurationError, load_config_file
 from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.routes import COOKIE
+from tests.claude_code_pin import claude_binaries
 from tests.conftest import (
     CLIENT_KEY,
     TEAM_KEYS,
@@ -46,7 +47,6 @@ from tests.scripted_upstream import (
     stop_server,
     text_stream,
 )
-from tests.test_claude_code_local import BINARIES
 
 NOON = datetime(2026, 11, 25, 12, 0, 30, tzinfo=UTC).timestamp()
 """Wednesday 25 November 2026, 12:00:30 UTC: 30 s into a minute."""
@@ -548,9 +548,9 @@ def test_without_keys_the_client_key_works_as_before(proxy: ProxyServer,
 # ---------------------------------------------------------------- with real Claude Code
 
 
-CLAUDE_BINARIES = BINARIES
-"""The pinned Claude Code (CLAUDE_BIN, else the Makefile's pin) and the newest
-(CLAUDE_BIN_NEWEST)."""
+CLAUDE_BINARIES = claude_binaries()
+"""The pinned Claude Code (CLAUDE_BIN, else the Makefile's pin) and the newest when another
+release is installed (tests/claude_code_pin.py)."""
 
 
 @pytest.mark.claude_code

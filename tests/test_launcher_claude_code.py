@@ -1,4 +1,4 @@
-"""Real Claude Code (the pinned 2.1.328, and the newest one when installed) started by
+"""Real Claude Code (the pin, and the newest release when another is installed) started by
 `claude-proxy claude -p …`: a session past a 64 k window, and a Task subagent."""
 
 from __future__ import annotations
@@ -14,25 +14,19 @@ from typing import Any
 
 import pytest
 
+from tests.claude_code_pin import claude_binaries
 from tests.conftest import UPSTREAM_KEY, clean_env, free_port
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, text_stream
 from tests.test_claude_code_windows import FINAL, WINDOW, WindowedUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
-PINNED = Path(os.environ.get(
-    "CLAUDE_BIN",
-    ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
-NEWEST = Path(os.environ.get(
-    "CLAUDE_BIN_NEWEST",
-    ROOT / ".cache/claude-code-2.1.332/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
 
 pytestmark = pytest.mark.claude_code
 
 
 def binaries() -> list[Any]:
     found = []
-    for label, path in (("pinned", PINNED), ("newest", NEWEST)):
-        path = path if path.is_absolute() else ROOT / path
+    for label, path in claude_binaries().items():
         usable = os.access(path, os.X_OK)
         required = label == "pinned" and os.environ.get("CI")
         found.append(pytest.param(path, id=label, marks=[] if usable or required else [

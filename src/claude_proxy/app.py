@@ -44,7 +44,7 @@ from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
 from claude_proxy.spend import Ledger
-from claude_proxy.state.local import LocalStore
+from claude_proxy.state import open_store
 from claude_proxy.state.store import StateStore
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
@@ -114,7 +114,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     metrics = Metrics()
     started = datetime.now(UTC)
-    store: StateStore = LocalStore()
+    redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    store = open_store(redis_url, settings.redis_prefix, settings.redis_timeout)
     keyring = KeyRing(config.keys, _admin_key(settings)) if config.keys else None
     if keyring is not None and not _admin_key(settings):
         logger.warning("[keys] are configured but ANTHROPIC_API_KEY is not: the dashboard and "
@@ -135,7 +136,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        providers = build_providers(config, transport, on_retry=metrics.count_retry)
+        providers = build_providers(config, transport, on_retry=metrics.count_retry,
+                                    store=store)
         await discover_windows(config, transport)
         unknown = unknown_windows(config)
         if unknown:
@@ -160,10 +162,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             if ledger is not None:
                 ledger.log.close()
             await store.close()
+            metrics.close()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    recorder = dashboard_recorder(app, config, ledger)
+    recorder = dashboard_recorder(app, config, store, ledger)
     app.state.recorder = recorder
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder, charger=ledger)
     _install_error_handlers(app)
@@ -180,7 +183,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             check_client_key(request, settings)
             service: MessagesService = request.app.state.service
             return json_response({"status": "ok", **health_detail(
-                service.providers, metrics.cache.ratios(), windows(config))})
+                service.providers, metrics.cache.ratios(), windows(config),
+                service.store.describe())})
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")
@@ -270,6 +274,7 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
 
 
 def dashboard_recorder(app: FastAPI, config: ProxyConfig,
+                       store: StateStore | None = None,
                        ledger: Ledger | None = None) -> Recorder | None:
     """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
     if not config.settings.ui_enabled:
@@ -280,7 +285,8 @@ def dashboard_recorder(app: FastAPI, config: ProxyConfig,
         return provider_health(service.providers) if service is not None else []
 
     return Recorder(inspect=config.settings.inspect_requests, secrets=config.secrets(),
-                    health=health, keys=ledger.panel if ledger is not None else None)
+                    health=health, store=store,
+                    keys=ledger.panel if ledger is not None else None)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
