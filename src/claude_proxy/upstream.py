@@ -1,9 +1,10 @@
 """The only module that talks to the upstream: OpenAI-compatible `/chat/completions`, and
 `/responses` for OpenAI reasoning models.
 
-One pooled `httpx.AsyncClient` per process. Failures before the first byte are retried by
-`RetryPolicy` and end as a `ProxyError` carrying the upstream's status; the client then gets a
-real HTTP error instead of a 200 followed by a broken stream. A streaming request is only handed
+One pooled `httpx.AsyncClient` per provider, on aiohttp's transport (`transport.py`).
+Failures before the first byte are retried by `RetryPolicy` and end as a `ProxyError`
+carrying the upstream's status; the client then gets a real HTTP error instead of a 200
+followed by a broken stream. A streaming request is only handed
 back once its first chunk has arrived, so an error announced in that chunk still has a status.
 Both APIs share the pool, the retries and this first-byte rule; what differs (which events
 only announce a response, where an error hides, how a whole JSON answer becomes a stream) is a
@@ -29,6 +30,7 @@ from claude_proxy.config import ProviderSettings
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.retry import RetryPolicy
+from claude_proxy.transport import AiohttpTransport, UpstreamHttpClient
 from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
 
@@ -36,10 +38,6 @@ logger = logging.getLogger("claude_proxy.upstream")
 
 Chunk = dict[str, Any]
 T = TypeVar("T")
-
-KEEP_IDLE = 8
-"""Idle upstream connections kept open per provider for the next requests."""
-
 
 class UpstreamStream:
     """An open upstream response yielding batches of parsed chunks, one batch per network
@@ -128,13 +126,10 @@ class OpenAIClient:
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
                                    settings.retry_max_delay)
         timeout = httpx.Timeout(settings.request_timeout, connect=settings.connect_timeout)
-        # Idle connections are reused (no new TCP/TLS set-up per request), but only a few are
-        # kept: each time a request starts or ends, httpcore's pool counts its idle
-        # connections once per idle connection and polls each idle socket, so hundreds kept
-        # idle (after a burst of streams) made every later request cost O(idle × open)
-        # (200 concurrent streams: 5.5 s with 200 kept, 1.6 s with 16, 1.3-1.5 s with 8).
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_IDLE)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        # aiohttp's pool (transport.py) keeps idle connections in a queue: unlike httpcore's,
+        # it does not scan them per request, so every idle connection may be kept.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self._client = UpstreamHttpClient(timeout=timeout, limits=limits, transport=transport)
         self.url = f"{settings.openai_base_url}/chat/completions"
         self.responses_url = responses.endpoint(settings).url
         self._params = ({"api-version": settings.azure_api_version}
@@ -159,7 +154,10 @@ class OpenAIClient:
 
     def connection_counts(self) -> dict[str, int]:
         """Open upstream connections, busy and idle (for tests and metrics)."""
-        pool = getattr(self._client._transport, "_pool", None)
+        transport = self._client._transport
+        if isinstance(transport, AiohttpTransport):
+            return transport.connection_counts()
+        pool = getattr(transport, "_pool", None)
         connections = list(getattr(pool, "connections", []))
         idle = sum(1 for connection in connections if connection.is_idle())
         return {"active": len(connections) - idle, "idle": idle}
