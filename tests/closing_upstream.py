@@ -90,6 +90,7 @@ class ClosingUpstream:
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
 
     def reply_for(self, body: dict[str, Any]) -> bytes:
         number = len(self.bodies)
