@@ -195,9 +195,21 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._session = self._fresh = None
 
 
+class _NoCookies(httpx.Cookies):
+    """An upstream's cookies are not kept: one client serves every user of the proxy (and
+    keeping them cost as much as building the request)."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
 class UpstreamHttpClient(httpx.AsyncClient):
     """`httpx.AsyncClient` whose transports (direct, and one per environment proxy) are
     `AiohttpTransport`s; an explicit `transport` (the tests' mocks) is used as given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._cookies = _NoCookies()
 
     def _init_transport(self, verify: ssl.SSLContext | str | bool = True,
                         cert: Any = None, trust_env: bool = True, http1: bool = True,
