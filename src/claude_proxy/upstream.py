@@ -110,6 +110,7 @@ class UpstreamStream:
                     chunk = _parse_chunk(event.data)
                     if chunk is not None:
                         batch.append(chunk)
+                chunk = event = None  # nothing of this read is kept while the next is awaited
                 yield batch  # possibly empty (a comment): the relay still sees time pass
                 self.said_done = done  # the consumer has taken the last batch
         except httpx.HTTPError as exc:
