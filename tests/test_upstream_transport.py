@@ -79,7 +79,14 @@ class RawServer:
             self.closed.set()
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def stop() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
@@ -117,12 +124,13 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_http_proxy_from_the_environment_carries_the_request(
         raw: RawServer, no_proxy_env: pytest.MonkeyPatch) -> None:
-    no_proxy_env.setenv("HTTP_PROXY", f"http://127.0.0.1:{raw.port}")
+    no_proxy_env.setenv("HTTP_PROXY", f"http://user:pw@127.0.0.1:{raw.port}")
     answer = asyncio.run(ask(client_for("http://upstream.invalid:8080/v1")))
     assert answer["choices"][0]["message"]["content"] == "via"
     assert raw.heads[0].startswith(
         b"POST http://upstream.invalid:8080/v1/chat/completions HTTP/1.1\r\n")
     assert b"\r\nauthorization: bearer k\r\n" in raw.heads[0].lower()
+    assert b"\r\nproxy-authorization: basic dxnlcjpwdw==\r\n" in raw.heads[0].lower()
 
 
 def test_no_proxy_sends_that_host_directly(raw: RawServer,
@@ -139,12 +147,13 @@ def test_https_proxy_is_asked_for_a_tunnel(no_proxy_env: pytest.MonkeyPatch) -> 
     refused = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n"
     server = RawServer(reply=refused)
     try:
-        no_proxy_env.setenv("HTTPS_PROXY", f"http://127.0.0.1:{server.port}")
+        no_proxy_env.setenv("HTTPS_PROXY", f"http://user:pw@127.0.0.1:{server.port}")
         with pytest.raises(ProxyError) as raised:
             asyncio.run(ask(client_for("https://upstream.invalid/v1")))
     finally:
         server.stop()
     assert server.heads[0].startswith(b"CONNECT upstream.invalid:443 HTTP/1.1\r\n")
+    assert b"\r\nProxy-Authorization: Basic dXNlcjpwdw==\r\n" in server.heads[0]
     assert raised.value.message == "upstream connection failed (ProxyError)"
 
 

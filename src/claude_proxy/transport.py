@@ -21,6 +21,7 @@ sent once more on a fresh connection: the server never saw it, so this is no ret
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
 import ssl
 import weakref
@@ -107,6 +108,15 @@ class _Body(httpx.AsyncByteStream):
             self._response.close()
 
 
+def _proxy_headers(proxy: httpx.Proxy) -> dict[str, str]:
+    """The proxy's own headers, and its `user:password@` as basic auth (as httpx sends it)."""
+    headers = dict(proxy.headers)
+    if proxy.auth:
+        token = base64.b64encode(":".join(proxy.auth).encode()).decode()
+        headers["Proxy-Authorization"] = f"Basic {token}"
+    return headers
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """One aiohttp session (created in the running loop at first use), through `proxy` if
     given. A second, connection-per-request session is only made for the rare resend."""
@@ -115,7 +125,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                  proxy: httpx.Proxy | None = None) -> None:
         self._ssl = ssl_context
         self._limits = limits
-        self._proxy = proxy
+        self._proxy_url = str(proxy.url) if proxy else None
+        self._proxy_headers = _proxy_headers(proxy) if proxy else None
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
@@ -157,14 +168,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, session: aiohttp.ClientSession, request: httpx.Request,
                     body: bytes) -> aiohttp.ClientResponse:
-        proxy = self._proxy
+        headers = request.headers.multi_items()
+        if self._proxy_headers and request.url.scheme == "http":
+            # Forwarded by the proxy, not tunnelled: its headers go with the request (aiohttp
+            # sends `proxy_headers` only with a CONNECT).
+            headers += self._proxy_headers.items()
         return await session.request(
             request.method, URL(str(request.url), encoded=True),
-            headers=request.headers.multi_items(), data=body or None,
+            headers=headers, data=body or None,
             allow_redirects=False, compress=False, timeout=self._timeout(request),
-            proxy=str(proxy.url) if proxy else None,
-            proxy_auth=aiohttp.BasicAuth(*proxy.auth) if proxy and proxy.auth else None,
-            proxy_headers=dict(proxy.headers) if proxy else None)
+            proxy=self._proxy_url, proxy_headers=self._proxy_headers)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
