@@ -26,7 +26,7 @@ import pytest
 from claude_proxy.app import create_app
 from claude_proxy.config import Settings
 from claude_proxy.errors import ProxyError
-from claude_proxy.transport import AiohttpTransport, UpstreamHttpClient, _mapped
+from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient, _mapped
 from claude_proxy.upstream import OpenAIClient
 from tests.scripted_upstream import bind_loopback
 
@@ -294,3 +294,26 @@ def test_no_session_outlives_shutdown_or_reload(raw: RawServer,
         transport = asyncio.run(cycle())
         assert transport.session is None
         assert len(open_sessions()) == before
+
+
+def test_the_request_body_is_not_kept_while_the_answer_is_open(
+        raw: RawServer, no_proxy_env: pytest.MonkeyPatch) -> None:
+    """A stream lasts minutes and a Claude Code request is 100 KB or more: the transport
+    takes the body once sent, and the upstream got it whole, with the headers httpx sent."""
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}
+
+    async def send() -> tuple[httpx.Request, bytes]:
+        client = client_for(f"http://127.0.0.1:{raw.port}/v1")
+        response = await client._send(client.url, big, {}, accept="application/json")
+        await response.aclose()
+        await client.aclose()
+        return response.request, raw.heads[0]
+
+    request, head = asyncio.run(send())
+    assert isinstance(request.stream, OneShotBody) and request.stream.taken
+    assert request.stream.take() == b""
+    length = len(json.dumps(big, separators=(",", ":")))
+    assert head.decode().split("\r\n")[1:-2] == [
+        f"host: 127.0.0.1:{raw.port}", "accept-encoding: gzip, deflate", "connection: keep-alive",
+        f"user-agent: python-httpx/{httpx.__version__}", "content-type: application/json",
+        "authorization: Bearer k", "accept: application/json", f"content-length: {length}"]

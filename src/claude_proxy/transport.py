@@ -88,6 +88,22 @@ def _httpx_errors() -> Iterator[None]:
         raise mapped from exc
 
 
+class OneShotBody(httpx.AsyncByteStream):
+    """A request body the transport takes once, so that it is not kept for as long as the
+    response is open (a Claude Code request is 100 KB or more; a stream lasts minutes)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.taken = False
+
+    def take(self) -> bytes:
+        body, self._body, self.taken = self._body, b"", True
+        return body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body  # another transport (the tests' mocks) reads it as usual
+
+
 class _Body(httpx.AsyncByteStream):
     """The answer's body, one piece per network read (the relay batches by read)."""
 
@@ -180,7 +196,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             proxy=self._proxy_url, proxy_headers=self._proxy_headers)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
+        stream = request.stream
+        body = stream.take() if isinstance(stream, OneShotBody) else await request.aread()
         session = self._session
         if session is None:
             session = self._session = self._new_session()

@@ -30,7 +30,7 @@ from claude_proxy.config import ProviderSettings
 from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.retry import RetryPolicy
-from claude_proxy.transport import AiohttpTransport, UpstreamHttpClient
+from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
 from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
 
@@ -136,8 +136,8 @@ class OpenAIClient:
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
-        self._targets: dict[tuple[str, tuple[tuple[str, str], ...]], httpx.URL] = {}
-        self._headers_for: dict[str, httpx.Headers] = {}
+        self._endpoints: dict[tuple[str, tuple[tuple[str, str], ...]],
+                              tuple[httpx.URL, dict[str, httpx.Headers]]] = {}
         self._extensions = {"timeout": timeout.as_dict()}
         self._secrets = settings.upstream_secrets()
 
@@ -259,9 +259,13 @@ class OpenAIClient:
     async def _send(self, url: str, body: dict[str, Any], params: dict[str, str], *,
                     accept: str) -> httpx.Response:
         """One POST; a non-2xx answer or a network failure raises ProxyError."""
-        request = httpx.Request("POST", self._target(url, params), content=orjson.dumps(body),
-                                headers=self._prepared_headers(accept),
+        target, headers_for = self._endpoint(url, params)
+        content = orjson.dumps(body)
+        headers = httpx.Headers([*self._prepared_headers(target, headers_for, accept).raw,
+                                 (b"content-length", b"%d" % len(content))])
+        request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
+        del content
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -270,23 +274,26 @@ class OpenAIClient:
             return response
         raise await _read_error(response)
 
-    def _target(self, url: str, params: dict[str, str]) -> httpx.URL:
-        """The endpoint's parsed URL, made once (`client.build_request` parsed and merged the
-        URL, the client's headers and cookies on every request: a third of httpx's cost)."""
+    def _endpoint(self, url: str,
+                  params: dict[str, str]) -> tuple[httpx.URL, dict[str, httpx.Headers]]:
+        """The endpoint's parsed URL, and its headers per `accept`, made once
+        (`client.build_request` parsed and merged the URL, the client's headers and cookies
+        on every request: a third of httpx's cost)."""
         key = (url, tuple(params.items()))
-        target = self._targets.get(key)
-        if target is None:
-            target = self._targets[key] = httpx.URL(url, params=params or None)
-        return target
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            endpoint = self._endpoints[key] = (httpx.URL(url, params=params or None), {})
+        return endpoint
 
-    def _prepared_headers(self, accept: str) -> httpx.Headers:
-        """The client's default headers (user agent, accepted encodings) and ours, merged
-        once per `accept` value, as build_request merged them."""
-        headers = self._headers_for.get(accept)
+    def _prepared_headers(self, target: httpx.URL, made: dict[str, httpx.Headers],
+                          accept: str) -> httpx.Headers:
+        """The host, the client's default headers (user agent, accepted encodings) and ours,
+        merged as build_request merged them."""
+        headers = made.get(accept)
         if headers is None:
-            headers = httpx.Headers(self._client.headers)
+            headers = made[accept] = httpx.Headers({"host": target.netloc.decode("ascii")})
+            headers.update(self._client.headers)
             headers.update({**self._headers, "accept": accept})
-            self._headers_for[accept] = headers
         return headers
 
     @staticmethod
