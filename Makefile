@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ENV_FILE ?= .env
-CLAUDE_CODE_VERSION := 2.1.328
-CLAUDE_CODE_DIR := .cache/claude-code
-CLAUDE_BIN := $(CLAUDE_CODE_DIR)/node_modules/@anthropic-ai/claude-code-linux-x64/claude
+# The Claude Code `make test` runs (tests/claude_code_pin.py reads this line), each version in
+# its own folder so pins never collide; `make test-claude-latest` runs npm's `latest`.
+CLAUDE_CODE_VERSION := 2.1.332
+CLAUDE_CODE_DIR := .cache/claude-code-$(CLAUDE_CODE_VERSION)
+CLAUDE_CODE_BINARY := node_modules/@anthropic-ai/claude-code-linux-x64/claude
+CLAUDE_BIN := $(CLAUDE_CODE_DIR)/$(CLAUDE_CODE_BINARY)
+CLAUDE_LATEST_DIR := .cache/claude-code-latest
 export CLAUDE_BIN
 # The JavaScript test clients (TypeScript SDK, Vercel AI SDK), pinned in tests/js/package.json
 # and its lock file, installed under .cache/js; tests/js/node_modules points there so that the
@@ -16,7 +20,8 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-container lint typecheck unit bench clean browser
+.PHONY: run test test-claude-latest test-container lint typecheck unit bench clean browser \
+	shells
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,13 +58,32 @@ browser:
 		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
 			"the dashboard's browser tests will be skipped"; }
 
+## shells: Debian's fish, so that the tests can evaluate `claude-proxy env --shell fish` (bash
+## is there already)
+shells:
+	@command -v fish >/dev/null 2>&1 || { echo "installing fish (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			fish >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: fish could not be installed (not root?):" \
+			"the fish test of claude-proxy env will be skipped"; }
+
 ## run: start the proxy with $(ENV_FILE) (e.g. `make run ENV_FILE=.env.kimi`)
 run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser shells lint typecheck
 	$(BIN)/python -m pytest
+
+## test-claude-latest: the Claude Code tests against npm's `latest` (installed afresh into
+## $(CLAUDE_LATEST_DIR)); for maintainers before each release, `make test` stays on the pin
+test-claude-latest: $(VENV)/.installed-test
+	mkdir -p $(CLAUDE_LATEST_DIR)
+	npm install --prefix $(CLAUDE_LATEST_DIR) --no-audit --no-fund --loglevel=error \
+		@anthropic-ai/claude-code@latest
+	$(CLAUDE_LATEST_DIR)/$(CLAUDE_CODE_BINARY) --version
+	CLAUDE_BIN=$(CLAUDE_LATEST_DIR)/$(CLAUDE_CODE_BINARY) $(BIN)/python -m pytest -m claude_code
 
 ## test-container: build the image with docker or podman, run it, check it from outside
 test-container: $(VENV)/.installed-test

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from bench import report, scenarios, session
+from bench import count_tokens, report, scenarios, session
 from bench.client import (
     direct_target,
     floor_target,
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH",
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--only", default="", metavar="NAMES",
-                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}, session")
+                        help=f"comma-separated subset of: {', '.join(SCENARIOS)}, "
+                             "session, count_tokens")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the proxy with py-spy during each PROXY phase; "
                              "flame graphs and a hotspot list go to DIR")
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Scenarios that start their own upstreams and proxies (not the shared Bench).
-OWN_SETUP = ("session",)
+OWN_SETUP = ("session", "count_tokens")
 
 
 def chosen(only: str) -> list[str]:
@@ -225,6 +226,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     if "session" in document["scenarios"]:
         print()
         print(session.table(document["scenarios"]["session"]))
+    if "count_tokens" in document["scenarios"]:
+        print()
+        print(count_tokens.report(document["scenarios"]["count_tokens"]))
     if "workers" in document:
         print()
         print(report.workers_table(document["workers"]))
@@ -319,6 +323,9 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
         if "session" in names:
             log("[session]")
             results["session"] = session.run_session(workdir, log, python)
+        if "count_tokens" in names:
+            log("[count_tokens]")
+            results["count_tokens"] = count_tokens.results(workdir)
         document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
         if args.compare_workers:
             log("[compare workers]")

@@ -223,6 +223,10 @@ def start_proxy(workdir: Path, upstream_url: str, workers: int = 1,
     label = f"{name}-w{workers}"
     settings = clean_env({"OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream_url,
                           "PROVIDER": "openai", "LOG_LEVEL": "WARNING",
+                          # Chat Completions models: the bench measures that path (the
+                          # profile's default, a GPT-5 model, would take the Responses API).
+                          "BIG_MODEL": "gpt-4o", "MIDDLE_MODEL": "gpt-4o",
+                          "SMALL_MODEL": "gpt-4o-mini",
                           "LOG_FILE": str(workdir / f"{label}.log"), **(env or {})})
     proxy = Managed(label, argv, settings, workdir / f"{label}.out", cwd=workdir)
     proxy.url = f"http://127.0.0.1:{port}"

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests.claude_code_pin import default_claude_bin
+from tests.record_claude_code_requests import RequestRecorder
 from tests.scripted_upstream import (
     ScriptedUpstream,
     bind_loopback,
@@ -31,45 +33,10 @@ from claude_proxy.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_FILE = ROOT / "tests/data/fixtures/claude-code-2.1.328-session-10-turns.json"
-CLAUDE_BIN = Path(os.environ.get(
-    "CLAUDE_BIN",
-    ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
+CLAUDE_BIN = default_claude_bin()
 TURNS = 10
 PROMPT = ("Run `echo step-1` with Bash, then keep going: each time run echo with the next "
           "step number, until step 9, then tell me you are done.")
-
-
-class Recorder:
-    """ASGI wrapper keeping each Messages request's session header and body."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.requests: list[dict[str, Any]] = []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/messages":
-            await self.app(scope, receive, send)
-            return
-        received: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            received.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        headers = {key.decode().lower(): value.decode() for key, value in scope["headers"]}
-        self.requests.append({"session_id": headers.get("x-claude-code-session-id"),
-                              "body": json.loads(b"".join(received))})
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if replayed:
-                message: dict[str, Any] = await receive()
-                return message
-            replayed = True
-            return {"type": "http.request", "body": b"".join(received), "more_body": False}
-
-        await self.app(scope, replay, send)
 
 
 def record() -> list[dict[str, Any]]:
@@ -78,7 +45,7 @@ def record() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(openai_base_url=upstream.base_url, openai_api_key="sk-record",
                             provider="openai", log_file=str(Path(tmp) / "proxy.log"))
-        recorder = Recorder(create_app(settings))
+        recorder = RequestRecorder(create_app(settings))
         sock = bind_loopback()
         server, thread = serve_in_thread(recorder, sock)
         try:
@@ -86,7 +53,8 @@ def record() -> list[dict[str, Any]]:
         finally:
             stop_server(server, thread)
             upstream.stop()
-    return recorder.requests
+    return [{"session_id": request["headers"].get("x-claude-code-session-id"),
+             "body": request["body"]} for request in recorder.requests]
 
 
 def run_claude(url: str, tmp: Path) -> None:

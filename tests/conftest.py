@@ -43,6 +43,8 @@ class SuiteRecord:
 
     responses: ClassVar[list[bytes]] = []
     log_file: ClassVar[Path | None] = None
+    requests: ClassVar[list[tuple[str, dict[str, str]]]] = []
+    """Every request's path and headers (e.g. to tell a client's retries from new requests)."""
 
 
 class RecordingApp:
@@ -52,6 +54,11 @@ class RecordingApp:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            SuiteRecord.requests.append((scope["path"], {
+                name.decode("latin-1"): value.decode("latin-1")
+                for name, value in scope["headers"]}))
+
         async def recording_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 SuiteRecord.responses.append(b"\n".join(

@@ -35,6 +35,8 @@ from starlette.routing import Route
 
 TRANSCRIPTS = Path(__file__).parent / "data" / "transcripts"
 OPAQUE = Path(__file__).parent / "data" / "opaque-reasoning"
+RECORDINGS = Path(__file__).parent / "data" / "llamacpp"
+"""Raw HTTP answers of a real llama-server (status line, headers, body; README.md there)."""
 _SCENARIO = re.compile(r"SCENARIO:replay:([A-Za-z0-9._-]+)")
 
 
@@ -79,6 +81,26 @@ class Reply:
         if self.done and not self.keepalive_forever and not (events and events[-1] == "[DONE]"):
             pieces.append(b"data: [DONE]\n\n")
         return pieces
+
+
+def http_recording(name: str) -> Reply:
+    """A recorded raw HTTP answer (`tests/data/llamacpp/<name>.http`) replayed exactly: its
+    status, its headers (and no others: the scripted upstream adds neither `server` nor
+    `date`), its body bytes; a chunked body goes out one SSE event per write."""
+    head, body = (RECORDINGS / f"{name}.http").read_bytes().split(b"\r\n\r\n", 1)
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(":", 1) for line in header_lines)
+    headers = {name: value.removeprefix(" ") for name, value in headers.items()}
+    if headers.get("Transfer-Encoding") == "chunked":
+        events = [piece + b"\n\n" for piece in body.split(b"\n\n") if piece]
+        assert b"".join(events) == body
+        return Reply(status=int(status_line.split()[1]), raw_pieces=events, headers=headers)
+    return Reply(status=int(status_line.split()[1]), raw_body=body, headers=headers)
+
+
+def recorded_body(name: str) -> bytes:
+    """The body bytes of a recorded answer."""
+    return (RECORDINGS / f"{name}.http").read_bytes().split(b"\r\n\r\n", 1)[1]
 
 
 def load_transcript(stem: str) -> dict[str, Any]:
@@ -242,13 +264,16 @@ class LoopbackServer:
 
     app: Starlette
     port: int = 0
+    own_headers_only = False
+    """Send only the app's headers (no uvicorn `server`/`date`): replays stay exact."""
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
     def start(self, port: int = 0) -> Self:
         sock = bind_loopback(port)
         self.port = sock.getsockname()[1]
-        self._server, self._thread = serve_in_thread(self.app, sock)
+        self._server, self._thread = serve_in_thread(self.app, sock,
+                                                     own_headers_only=self.own_headers_only)
         return self
 
     def stop(self) -> None:
@@ -257,7 +282,10 @@ class LoopbackServer:
 
 
 class ScriptedUpstream(LoopbackServer):
-    """The upstream server. Thread-safe enough for tests: scripts are queued before requests."""
+    """The upstream server. Thread-safe enough for tests: scripts are queued before requests.
+    `props` is what `GET /props` answers (llama-server's; 404 while None)."""
+
+    own_headers_only = True
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -267,7 +295,9 @@ class ScriptedUpstream(LoopbackServer):
         self.open_streams = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition()
+        self.props: dict[str, Any] | None = None
         self.app = Starlette(routes=[
+            Route("/props", self._props, methods=["GET"]),
             Route("/v1/chat/completions", self._handle, methods=["POST"]),
             Route("/openai/deployments/{name}/chat/completions", self._handle,
                   methods=["POST"]),
@@ -289,6 +319,7 @@ class ScriptedUpstream(LoopbackServer):
         self.headers.clear()
         self._replies.clear()
         self.responder = None
+        self.props = None
 
     def _next_reply(self, body: dict[str, Any], path: str) -> Reply:
         stem = scenario_of(body)
@@ -308,6 +339,13 @@ class ScriptedUpstream(LoopbackServer):
                 "stream") else completion({"content": structured})
         return text_stream(["scripted ", "default"]) if body.get("stream") else completion(
             {"content": "scripted default"})
+
+    async def _props(self, request: Request) -> Response:
+        if self.props is None:
+            return Response(b'{"error":"not found"}', status_code=404,
+                            media_type="application/json")
+        return Response(json.dumps(self.props).encode(), headers={"Server": "llama.cpp"},
+                        media_type="application/json")
 
     async def _handle(self, request: Request) -> Response:
         raw = await request.body()
@@ -369,9 +407,11 @@ def bind_loopback(port: int = 0) -> socket.socket:
     return sock
 
 
-def serve_in_thread(app: Any, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
+def serve_in_thread(app: Any, sock: socket.socket, *, own_headers_only: bool = False,
+                    ) -> tuple[uvicorn.Server, threading.Thread]:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=1)
+                            timeout_graceful_shutdown=1, server_header=not own_headers_only,
+                            date_header=not own_headers_only)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -1,4 +1,5 @@
-"""End to end with the real Claude Code CLI (2.1.328, installed by `make test`) pointed at the
+"""End to end with the real Claude Code CLI (the Makefile's pin, installed by `make test`;
+`$CLAUDE_BIN` for another, as `make test-claude-latest` does) pointed at the
 proxy, which talks to the scripted upstream.
 
 Claude Code runs with an isolated HOME and TMPDIR in an empty working folder, with
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from claude_proxy.conversion.signatures import ThinkingSigner
+from tests.claude_code_pin import default_claude_bin, environment
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import (
     Reply,
@@ -30,11 +32,7 @@ from tests.scripted_upstream import (
 from tests.search_backend import HITS, SearchBackendServer
 
 ROOT = Path(__file__).resolve().parents[1]
-CLAUDE_BIN = Path(os.environ.get(
-    "CLAUDE_BIN",
-    ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"))
-if not CLAUDE_BIN.is_absolute():
-    CLAUDE_BIN = ROOT / CLAUDE_BIN
+CLAUDE_BIN = default_claude_bin()
 
 pytestmark = [
     pytest.mark.claude_code,
@@ -48,19 +46,21 @@ TOOL_OUTPUT = "hi-from-tool"
 
 
 def run_claude(tmp_path: Path, proxy: ProxyServer, prompt: str, *args: str,
-               model: str | None = "claude-sonnet-4-6") -> list[dict[str, Any]]:
-    """One `claude -p` run; returns its stream-json lines (the last one is the result)."""
+               model: str | None = "claude-sonnet-4-6", binary: Path | None = None,
+               retries: bool = False, persist: bool = False) -> list[dict[str, Any]]:
+    """One `claude -p` run; returns its stream-json lines (the last one is the result).
+    `binary` another Claude Code; `retries` leaves Claude Code's own retries on; `persist`
+    keeps the session (in tmp_path's HOME) for a later `-c`."""
     home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
     for folder in (home, work, tmp):
         folder.mkdir(exist_ok=True)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "TMPDIR": str(tmp), "ANTHROPIC_BASE_URL": proxy.url,
-           "ANTHROPIC_API_KEY": "sk-claude-code-test",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_MAX_RETRIES": "0"}
+    env = environment(proxy.url, home, tmp)
+    if retries:
+        del env["CLAUDE_CODE_MAX_RETRIES"]
     if model:
         env["ANTHROPIC_MODEL"] = model
-    command = [str(CLAUDE_BIN), "-p", prompt, "--output-format", "stream-json", "--verbose",
-               "--no-session-persistence", *args]
+    command = [str(binary or CLAUDE_BIN), "-p", prompt, "--output-format", "stream-json",
+               "--verbose", *([] if persist else ["--no-session-persistence"]), *args]
     result = subprocess.run(command, env=env, cwd=work, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=120)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

@@ -108,6 +108,14 @@ def check_stream(sent: Sent) -> None:
     assert "event: message_stop" in sent.response.text
 
 
+def check_stop_sequences(sent: Sent) -> None:
+    """Matched by the proxy: not sent as `stop`; the upstream streams (to be cancelled)."""
+    assert sent.added() == {"stream": True, "stream_options": {"include_usage": True}}
+    message = sent.response.json()
+    assert (message["stop_reason"], message["stop_sequence"]) == ("end_turn", None)
+    assert message["content"] == [{"type": "text", "text": "scripted default"}]
+
+
 def check_structured(sent: Sent) -> None:
     assert sent.added() == {"response_format": {"type": "json_schema", "json_schema": {
         "name": "response", "schema": CLEAN_SCHEMA, "strict": True}}}
@@ -142,7 +150,7 @@ CASES: dict[str, Case] = {
                    adds(messages=[{"role": "system", "content": "be brief"},
                                   {"role": "user", "content": "hi"}])),
     "stream": Case({"stream": True}, check_stream),
-    "stop_sequences": Case({"stop_sequences": ["END"]}, adds(stop=["END"])),
+    "stop_sequences": Case({"stop_sequences": ["END"]}, check_stop_sequences),
     "temperature": Case({"temperature": 0.25}, adds(temperature=0.25)),
     "top_p": Case({"top_p": 0.5}, adds(top_p=0.5)),
     "top_k": Case({"top_k": 40}, adds(top_k=40), profile="vllm"),
@@ -326,10 +334,10 @@ def test_unknown_fields_and_betas_are_logged_once(proxy: ProxyServer, upstream: 
                "claude_proxy.fields")
 
 
-def test_readme_has_the_code_table() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert markdown_tables() in readme, (
-        "README's field tables differ from the code's: paste the output of "
+def test_the_docs_have_the_code_table() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    assert markdown_tables() in page, (
+        "docs/api.md's field tables differ from the code's: paste the output of "
         "`python -m claude_proxy.conversion.fields`")
 
 

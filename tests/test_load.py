@@ -52,7 +52,9 @@ def memory_kib(pid: int) -> dict[str, int]:
 def proxy_process(upstream: ScriptedUpstream, tmp_path: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     env = {**os.environ, "OPENAI_API_KEY": UPSTREAM_KEY, "OPENAI_BASE_URL": upstream.base_url,
-           "PROVIDER": "openai", "LOG_FILE": str(tmp_path / "load.log"), "LOG_LEVEL": "INFO"}
+           "PROVIDER": "openai", "LOG_FILE": str(tmp_path / "load.log"), "LOG_LEVEL": "INFO",
+           # A Chat Completions model (the openai profile's default takes the Responses API).
+           "BIG_MODEL": "gpt-4o", "MIDDLE_MODEL": "gpt-4o", "SMALL_MODEL": "gpt-4o-mini"}
     process = subprocess.Popen([sys.executable, "-m", "claude_proxy", "--host", "127.0.0.1",
                                 "--port", str(port)], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)

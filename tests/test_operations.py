@@ -147,7 +147,7 @@ def test_tool_groups_on_the_claude_code_request(caplog: pytest.LogCaptureFixture
                         tool_groups_disabled={"KIMI": ("tasking", "productivity")})
     with caplog.at_level(logging.INFO, logger="claude_proxy.conversion"):
         assert fixture_tools(settings) == ["Bash", "Edit", "Read", "Write"]
-    assert ("TOOL_GROUPS_DISABLED_KIMI (tasking,productivity) removed 7 tools for kimi-k2.6: "
+    assert ("TOOL_GROUPS_DISABLED_KIMI (tasking,productivity) removed 7 tools for kimi-k3: "
             "Agent, ListAgents, ReportFindings, ScheduleWakeup, Skill, ToolSearch, Workflow"
             in caplog.text)
 
@@ -161,7 +161,7 @@ def test_most_specific_name_wins_and_groups_extend() -> None:
     assert disabled_groups(disabled, "openai", "gpt-4o") is None
     assert env_name("moonshotai/kimi-k2.5") == "MOONSHOTAI_KIMI_K2_5"
     settings = Settings(openai_api_key="k", provider="kimi",
-                        tool_groups_disabled={"KIMI_K2": ("mine",)},
+                        tool_groups_disabled={"KIMI_K3": ("mine",)},
                         tool_group_patterns={"MINE": ("Bash", "Wr*")})
     assert fixture_tools(settings) == ["Agent", "Edit", "ListAgents", "Read", "ReportFindings",
                                        "ScheduleWakeup", "Skill", "ToolSearch", "Workflow"]
@@ -222,8 +222,8 @@ def test_env_name_startup_line_and_log_file(
         "BIG_MODEL=kimi-big\nREASONING_WITH_TOOLS=true\nANTHROPIC_API_KEY=client-secret-xyz\n")
     url, process = started("--env", "test", env=clean_env(tmp_path))
     startup = process.startup_output  # type: ignore[attr-defined]
-    assert (f"-> {upstream.base_url} (provider kimi); models opus=kimi-big sonnet=kimi-k2.6 "
-            "haiku=kimi-k2.6; reasoning: dialect thinking for kimi-k2, passback "
+    assert (f"-> {upstream.base_url} (provider kimi); models opus=kimi-big sonnet=kimi-k3 "
+            "haiku=kimi-k3; reasoning: dialect thinking for kimi-k2,kimi-k3, passback "
             "reasoning_content, with tools on; client key required") in startup
     assert httpx.get(f"{url}/health").status_code == 200
     log = (tmp_path / "logs" / "claude-proxy.log").read_text()
@@ -286,7 +286,7 @@ def doctor_responder(body: dict[str, Any]) -> Reply:
 
 def run_doctor(tmp_path: Path, upstream: ScriptedUpstream) -> subprocess.CompletedProcess[str]:
     env = clean_env(tmp_path, OPENAI_API_KEY="k", OPENAI_BASE_URL=upstream.base_url,
-                    PROVIDER="glm", BIG_MODEL="glm-5", MIDDLE_MODEL="glm-5",
+                    PROVIDER="glm", BIG_MODEL="glm-4.7", MIDDLE_MODEL="glm-4.7",
                     SMALL_MODEL="glm-4.7-flash")
     return subprocess.run([sys.executable, "-m", "claude_proxy", "doctor"], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -297,7 +297,7 @@ def test_doctor_reports_a_working_setup(tmp_path: Path, upstream: ScriptedUpstre
     result = run_doctor(tmp_path, upstream)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "  glm-5 (opus, sonnet)" in out and "  glm-4.7-flash (haiku)" in out
+    assert "  glm-4.7 (opus, sonnet)" in out and "  glm-4.7-flash (haiku)" in out
     for check in ("reachable", "auth", "model exists"):
         assert re.search(rf"{check}\s+ok", out)
     assert ("reasoning      ok    sent {'thinking': {'type': 'enabled'}}; text in "

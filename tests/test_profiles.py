@@ -18,9 +18,12 @@ EXPECTED = {
     ".env.dashscope": ("dashscope", "enable_thinking", "none", "qwen3-max"),
     ".env.openrouter": ("openrouter", "openrouter", "none", "moonshotai/kimi-k2.5"),
     ".env.vllm": ("vllm", "chat_template_kwargs", "reasoning", "Qwen/Qwen3-32B"),
+    ".env.llamacpp": ("llamacpp", "chat_template_kwargs", "reasoning_content", "default"),
     ".env.ollama": ("ollama", "reasoning_effort", "reasoning", "qwen3:8b"),
     ".env.azure": ("azure", "reasoning_effort", "none", "gpt-5-mini"),
     ".env.openai": ("openai", "reasoning_effort", "none", "gpt-5"),
+    ".env.minimax": ("minimax", "minimax", "reasoning_details", "MiniMax-M3"),
+    ".env.gemini": ("gemini", "gemini", "none", "gemini-3.8-flash"),
 }
 
 
@@ -57,3 +60,16 @@ def test_env_files_work_with_docker_env_file(name: str) -> None:
 def test_example_loads_as_is() -> None:
     settings = load_settings(ROOT / ".env.example")
     assert settings.provider_name == "openai" and settings.port == 8082
+
+
+@pytest.mark.parametrize(("url", "provider"), [
+    ("https://api.minimax.io/v1", "minimax"),
+    ("https://api.minimaxi.com/v1", "minimax"),
+    ("https://generativelanguage.googleapis.com/v1beta/openai", "gemini"),
+    ("https://us-central1-aiplatform.googleapis.com/v1/projects/p/locations/us-central1/"
+     "endpoints/openapi", "gemini"),
+    ("https://api.z.ai/api/coding/paas/v4", "glm"),
+])
+def test_new_hosts_pick_their_profile(url: str, provider: str) -> None:
+    from claude_proxy.config import infer_provider
+    assert infer_provider(url) == provider

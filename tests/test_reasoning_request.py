@@ -72,7 +72,18 @@ def test_default_enabled_uses_configured_effort() -> None:
     ("dashscope", "qwen3-max", ADAPTIVE, {"enable_thinking": True}),
     ("dashscope", "qwen3-max", DISABLED, {"enable_thinking": False}),
     # thinking: {type} (GLM, DeepSeek, Kimi)
-    ("glm", "glm-5", ADAPTIVE, {"thinking": {"type": "enabled"}}),
+    ("glm", "glm-4.7", ADAPTIVE, {"thinking": {"type": "enabled"}}),
+    # GLM-5.x keeps its earlier reasoning; 5.2+ always think, so "off" is left unsaid
+    ("glm", "glm-5", ADAPTIVE, {"thinking": {"type": "enabled", "clear_thinking": False}}),
+    ("glm", "glm-5.1", DISABLED, {"thinking": {"type": "disabled"}}),
+    ("glm", "glm-5.3-flash", DISABLED, {}),
+    # Kimi K3: top-level reasoning_effort, never the K2.x thinking object
+    ("kimi", "kimi-k3", ADAPTIVE, {"reasoning_effort": "high"}),
+    ("kimi", "kimi-k3", DISABLED, {"reasoning_effort": "low"}),
+    # MiniMax: reasoning split out of the text; Gemini: OpenAI's reasoning_effort
+    ("minimax", "MiniMax-M3", ADAPTIVE, {"reasoning_split": True}),
+    ("gemini", "gemini-3.8-flash", ADAPTIVE, {"reasoning_effort": "high"}),
+    ("gemini", "gemini-3.8-flash", DISABLED, {}),
     ("glm", "glm-4.7-flash", DISABLED, {"thinking": {"type": "disabled"}}),
     ("deepseek", "deepseek-chat", ADAPTIVE, {"thinking": {"type": "enabled"}}),
     ("kimi", "kimi-k2.6", DISABLED, {"thinking": {"type": "disabled"}}),
@@ -99,7 +110,7 @@ def test_dialect_fields_reach_the_body(provider: str, model: str, fields: dict[s
     for key, value in expected.items():
         assert upstream.body[key] == value
     reasoning_keys = {"enable_thinking", "thinking_budget", "thinking", "reasoning_effort",
-                      "reasoning", "chat_template_kwargs", "verbosity"}
+                      "reasoning", "chat_template_kwargs", "verbosity", "reasoning_split"}
     assert reasoning_keys & set(upstream.body) == set(expected)
 
 
@@ -144,11 +155,17 @@ def test_clamps_when_reasoning_is_on() -> None:
     assert convert(config, "kimi-k2.6", **ADAPTIVE, max_tokens=900).body["max_tokens"] == 900
 
 
-def test_tools_turn_thinking_off_unless_configured() -> None:
-    off = convert(settings("glm"), "glm-5", tools=TOOLS, **ADAPTIVE)
+def test_tools_turn_thinking_off_when_the_profile_or_setting_says_so() -> None:
+    """GLM thinks with tools by default (as .env.glm says); REASONING_WITH_TOOLS=false and
+    the generic profile turn it off."""
+    off = convert(settings("glm", reasoning_with_tools=False), "glm-4.7", tools=TOOLS,
+                  **ADAPTIVE)
     assert off.extras == {"thinking": {"type": "disabled"}} and off.thinking is False
-    on = convert(settings("glm", reasoning_with_tools=True), "glm-5", tools=TOOLS, **ADAPTIVE)
+    on = convert(settings("glm"), "glm-4.7", tools=TOOLS, **ADAPTIVE)
     assert on.extras == {"thinking": {"type": "enabled"}} and on.thinking is True
+    generic = convert(settings("generic", reasoning_chat_prefixes=["*"]), "m", tools=TOOLS,
+                      **ADAPTIVE)
+    assert generic.extras == {} and generic.thinking is False
 
 
 def test_claude_code_first_request_with_kimi_profile() -> None:
@@ -156,8 +173,9 @@ def test_claude_code_first_request_with_kimi_profile() -> None:
     body = load_fixture("claude-code-2.1.328-first-request.json")["body"]
     config = settings("kimi", reasoning_with_tools=True, reasoning_chat_max_output_tokens=32768)
     upstream = convert_request(body, config)
-    assert upstream.body["model"] == "kimi-k2.6"
-    assert upstream.body["thinking"] == {"type": "enabled"}  # adaptive, effort medium
+    assert upstream.body["model"] == "kimi-k3"
+    # adaptive, effort medium: K3's "high", and no K2.x thinking object
+    assert upstream.body["reasoning_effort"] == "high" and "thinking" not in upstream.body
     assert upstream.body["max_tokens"] == 32768
     assert upstream.thinking is True
 

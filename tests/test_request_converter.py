@@ -137,7 +137,9 @@ def test_sampling_stop_and_user_fields() -> None:
                                    stop_sequences=["END", "STOP"],
                                    metadata={"user_id": "user-42"}), settings())
     assert body["temperature"] == 0.3 and body["top_p"] == 0.9
-    assert body["stop"] == ["END", "STOP"]
+    assert "stop" not in body  # matched by the proxy (conversion/stop_sequences.py)
+    vllm = convert(request(stop_sequences=["END", "STOP"]), settings(provider="vllm"))
+    assert vllm["stop"] == ["END", "STOP"]  # vLLM names the string it stopped at
     assert body["user"] == "user-" + hashlib.sha256(b"user-42").hexdigest()[:32]
     assert "top_k" not in body
     assert "stream" not in body and "stream_options" not in body
@@ -260,14 +262,23 @@ def test_unknown_and_odd_blocks_never_fail() -> None:
     assert body["messages"][2] == {"role": "user", "content": ""}
 
 
-def test_assistant_turn_with_only_thinking_is_left_out() -> None:
-    body = convert(request(messages=[
+def test_assistant_turn_with_only_thinking_stays_a_turn() -> None:
+    """Dropping it would leave two user messages in a row (refused by strict templates);
+    its reasoning goes back as the profile passes it back (llamacpp: reasoning_content)."""
+    original = request(messages=[
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
                                            "signature": ""}]},
         {"role": "user", "content": "b"},
-    ]), settings())
-    assert [m["content"] for m in body["messages"]] == ["a", "b"]
+    ])
+    body = convert(original, settings())
+    assert body["messages"] == [{"role": "user", "content": "a"},
+                                {"role": "assistant", "content": ""},
+                                {"role": "user", "content": "b"}]
+    local = convert_request(original, settings(provider="llamacpp"),
+                            is_ours=lambda block: True).body
+    assert local["messages"][1] == {"role": "assistant", "content": "",
+                                    "reasoning_content": "t"}
 
 
 # ---------------------------------------------------------------- tools

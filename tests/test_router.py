@@ -257,4 +257,5 @@ def test_the_example_config_in_the_repo_loads(tmp_path: Path) -> None:
     assert config.providers["kimi"].provider_name == "kimi"
     assert config.providers["kimi"].max_retries == 1  # small by default in a config file
     assert all(config.router.route(name) for name in
-               ("default", "background", "think", "long_context", "image", "web_search"))
+               ("default", "background", "think", "long_context", "image", "web_search",
+                "subagent"))

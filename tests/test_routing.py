@@ -369,6 +369,27 @@ def test_other_4xx_never_fail_over(routed_proxy: Callable[..., ProxyServer],
     assert received(upstreams) == {"alpha": ["alpha-main"], "beta": [], "gamma": []}
 
 
+def test_a_server_not_set_up_for_the_request_fails_over_without_retry(
+        routed_proxy: Callable[..., ProxyServer],
+        upstreams: dict[str, ScriptedUpstream]) -> None:
+    """llama-server without --jinja (a permanent 500): the next candidate may take tools;
+    when none does, the client gets the 400 that says what to change."""
+    proxy = routed_proxy()
+    upstreams["alpha"].queue(error_reply(500, "tools param requires --jinja flag"))
+    assert answer_text(post(proxy)) == "scripted default"
+    assert received(upstreams) == {"alpha": ["alpha-main"], "beta": ["beta-fallback"],
+                                   "gamma": []}
+    alpha = proxy.app.state.service.providers["alpha"].health.snapshot()
+    assert alpha.misconfigured and alpha.state == "healthy"
+    upstreams["alpha"].queue(error_reply(500, "tools param requires --jinja flag"))
+    upstreams["beta"].queue(error_reply(500, "tools param requires --jinja flag"))
+    response = post(proxy)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].endswith(
+        "To fix: start llama-server with --jinja (tools are rendered by the chat template "
+        "only then).")
+
+
 # ---------------------------------------------------------------- models, metrics, CLI
 
 
@@ -376,7 +397,8 @@ def test_models_list_through_the_sdk(routed_proxy: Callable[..., ProxyServer]) -
     proxy = routed_proxy()
     client = anthropic.Anthropic(base_url=proxy.url, api_key="unused")
     ids = [model.id for model in client.models.list()]
-    assert ids == ["alpha,alpha-main", "beta,beta-small", "gamma,gamma-think",
+    assert ids == ["route:default", "route:background", "route:think", "route:long_context",
+                   "route:image", "alpha,alpha-main", "beta,beta-small", "gamma,gamma-think",
                    "gamma,gamma-long", "beta,beta-vision", "beta,beta-fallback",
                    "alpha,alpha-big", "alpha,alpha-middle", "alpha,alpha-small",
                    "beta,beta-big", "beta,beta-middle",  # beta,beta-small listed once
@@ -384,7 +406,7 @@ def test_models_list_through_the_sdk(routed_proxy: Callable[..., ProxyServer]) -
     model = client.models.retrieve("gamma,gamma-long")
     assert model.display_name == "gamma-long (gamma)" and model.type == "model"
     page = httpx.get(f"{proxy.url}/v1/models").json()
-    assert page["has_more"] is False and page["first_id"] == "alpha,alpha-main"
+    assert page["has_more"] is False and page["first_id"] == "route:default"
     assert page["last_id"] == "gamma,gamma-small"
 
 
@@ -559,8 +581,9 @@ def test_detail_and_models_need_the_client_key_when_one_is_set(
     assert list(detail["providers"]) == ["openai"]
     assert detail["providers"]["openai"]["state"] == "healthy"
     models = httpx.get(f"{proxy.url}/v1/models", headers={"x-api-key": CLIENT_KEY}).json()
-    assert [m["id"] for m in models["data"]] == ["openai,big-upstream", "openai,middle-upstream",
-                                                 "openai,small-upstream"]
+    assert [m["id"] for m in models["data"]] == [
+        "route:big", "route:middle", "route:small", "openai,big-upstream",
+        "openai,middle-upstream", "openai,small-upstream"]
 
 
 def test_an_error_names_the_provider_and_route_that_gave_it(

@@ -317,6 +317,22 @@ def test_bad_queries_never_reach_the_backend(
     assert search_backend.requests == []
 
 
+def test_a_query_too_long_is_shown_whole(proxy_factory: Callable[..., ProxyServer],
+                                        upstream: ScriptedUpstream,
+                                        search_backend: SearchBackendServer) -> None:
+    """The server_tool_use block shows the 401-character query the client sent, not one cut
+    to 400 that would not have been too long; streamed and not."""
+    proxy = search_proxy(proxy_factory, search_backend)
+    query = "long query " * 36 + "x" * 5
+    assert len(query) == 401
+    for reply in (stream_message(proxy, side_query(query)),
+                  create_message(proxy, side_query(query, stream=False))):
+        tool_use = reply.content[0]
+        assert isinstance(tool_use, ServerToolUseBlock) and tool_use.input == {"query": query}
+        assert search_error(reply) == "query_too_long"
+    assert search_backend.requests == []
+
+
 def test_without_a_backend_the_answer_is_unavailable(
         proxy: ProxyServer, upstream: ScriptedUpstream,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ from claude_proxy.metrics import Metrics
 logger = logging.getLogger("claude_proxy.access")
 
 QUIET_PATHS = frozenset({"/", "/health", "/metrics"})
+SESSION_HEADER = b"x-claude-code-session-id"
+AGENT_HEADER = b"x-claude-code-agent-id"
+"""Claude Code marks its subagents' requests with this header (the main loop sends none)."""
+_SHOWN_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
+"""What of a client-chosen id goes into the log and the dashboard: nothing that could forge a
+log line or carry markup."""
 # The order of the access line; `cached` (= cache_read) is kept for existing dashboards.
 TOKEN_KINDS = ("cache_read", "cache_write", "input", "output", "reasoning", "cached")
 
@@ -38,10 +45,17 @@ class RequestRecord:
     upstream_model: str = "-"
     provider: str = "-"
     route: str = "-"
+    session: str = "-"
+    """Claude Code's session id (`x-claude-code-session-id`), `-` without one."""
+    agent: str = "-"
+    """The subagent's id (`x-claude-code-agent-id`), `-` for the main loop and other clients."""
     failover: list[str] = field(default_factory=list)
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None
     tokens: dict[str, int] = field(default_factory=dict)
+    input_estimate: int = 0
+    """The proxy's own estimate of the input sent (calibrated against what the upstream
+    reports: routing/calibration.py)."""
 
     # What the dashboard's inspector shows. Everything is kept by reference, never copied,
     # so recording costs one list append per client write while a response streams.
@@ -66,6 +80,7 @@ class RequestRecord:
         failover = ("failover=" + "->".join([*self.failover, self.provider]) + " "
                     if self.failover else "")
         return (f"request_id={self.request_id} {self.method} {self.path} "
+                f"session={self.session} agent={self.agent} "
                 f"provider={self.provider} route={self.route} {failover}"
                 f"model={self.client_model}->{self.upstream_model} status={self.status} "
                 f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
@@ -86,6 +101,17 @@ class RecordObserver(Protocol):
     def started(self, record: RequestRecord) -> None: ...
 
     def finished(self, record: RequestRecord, finished: float) -> None: ...
+
+
+def client_ids(scope: Scope) -> tuple[str, str]:
+    """The session and agent ids Claude Code sent: `-` when absent, `?` when present but not
+    id-shaped (still a subagent's request for the router)."""
+    found = {SESSION_HEADER: "-", AGENT_HEADER: "-"}
+    for name, value in scope.get("headers", ()):
+        if name in found:
+            text = value.decode("latin-1").strip()
+            found[name] = text if _SHOWN_ID.fullmatch(text) else "?"
+    return found[SESSION_HEADER], found[AGENT_HEADER]
 
 
 def current_record() -> RequestRecord:
@@ -113,6 +139,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         record = RequestRecord(new_request_id(), scope["method"], scope["path"])
+        record.session, record.agent = client_ids(scope)
         token = _current.set(record)
         if self.observer is not None:
             self.observer.started(record)

@@ -34,12 +34,13 @@ from claude_proxy.metrics import Metrics
 from claude_proxy.models import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.routing.catalog import health_detail, model_entry, model_ids, models_page
 from claude_proxy.routing.config import ProxyConfig, single_provider_config
+from claude_proxy.routing.discovery import discover as discover_windows
+from claude_proxy.routing.discovery import unknown_windows, windows
 from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
-from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
 from claude_proxy.websearch.backends import SearchBackend
@@ -111,6 +112,12 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         providers = build_providers(config, transport, on_retry=metrics.count_retry)
+        await discover_windows(config, transport)
+        unknown = unknown_windows(config)
+        if unknown:
+            logger.warning("context window unknown for %s: no pre-flight check for %s "
+                           "(set context_window in the config file, or CONTEXT_WINDOW)",
+                           ", ".join(unknown), "it" if len(unknown) == 1 else "them")
         app.state.store = store
         await store.start()
         app.state.service = MessagesService(config, providers, signer, metrics, store)
@@ -144,8 +151,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         if request.query_params.get("detail") not in (None, "", "0", "false"):
             check_client_key(request, settings)
             service: MessagesService = request.app.state.service
-            return json_response({"status": "ok", **health_detail(service.providers,
-                                                                  metrics.cache.ratios())})
+            return json_response({"status": "ok", **health_detail(
+                service.providers, metrics.cache.ratios(), windows(config))})
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")
@@ -175,7 +182,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         payload = await read_json_body(request, settings.max_request_bytes)
         body = validate_request(CountTokensRequest, payload)
         screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
-        return json_response({"input_tokens": estimate_request_tokens(body)})
+        service: MessagesService = request.app.state.service
+        return json_response({"input_tokens": service.count_tokens(
+            body, request.headers.get(SESSION_HEADER))})
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

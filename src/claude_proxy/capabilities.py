@@ -14,6 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from claude_proxy.conversion.alternation import (
+    fold_to_alternation,
+    has_broken_alternation,
+    names_alternation,
+)
 from claude_proxy.conversion.caching import (
     has_cache_control,
     has_system_after_first,
@@ -78,6 +83,9 @@ REFUSABLE: tuple[Refusable, ...] = (
     # beginning."): later ones are sent in place as user messages.
     Refusable("system_in_place", has_system_after_first, names_system_position,
               system_messages_as_user),
+    # Templates that demand strict alternation (Gemma, the Mistral family: "Conversation roles
+    # must alternate user/assistant/..."): folded (conversion/alternation.py).
+    Refusable("alternation", has_broken_alternation, names_alternation, fold_to_alternation),
 )
 OPTIONAL_FIELDS = tuple(refusable.name for refusable in REFUSABLE)
 

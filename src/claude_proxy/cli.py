@@ -3,6 +3,8 @@
     claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
                          [--workers N]
     claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE]
+    claude-proxy env     [--env-file PATH | --env NAME] [--config FILE] [--shell SHELL]
+    claude-proxy claude  [--env-file PATH | --env NAME] [--config FILE] [--] [ARGS...]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import ValidationError
 from claude_proxy import __version__
 from claude_proxy.app import create_app
 from claude_proxy.config import ProviderSettings, Settings, load_settings
+from claude_proxy.launcher import SHELLS, print_environment, run_claude, serve_arguments
 from claude_proxy.logs import configure_logging
 from claude_proxy.routing.config import (
     KEYLESS_PROFILES,
@@ -47,8 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="claude-proxy",
         description="Anthropic Messages API proxy for OpenAI-compatible upstreams.")
-    parser.add_argument("command", nargs="?", choices=("serve", "doctor"), default="serve",
-                        help="serve (default) or doctor: check that Claude Code will work")
+    parser.add_argument("command", nargs="?", choices=("serve", "doctor", "env", "claude"),
+                        default="serve",
+                        help="serve (default); doctor: check that Claude Code will work; env: "
+                             "print the variables that point Claude Code here; claude: run "
+                             "Claude Code against this proxy (ARGS go to it unchanged)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--env-file", metavar="PATH",
                         help="read settings from this file; environment variables still win")
@@ -59,8 +65,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="listen port (PORT, default 8082)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes (default 1); they share one port")
+    parser.add_argument("--shell", choices=SHELLS, default="bash",
+                        help="env: the shell to print for (default bash)")
     parser.add_argument("--version", action="version", version=f"claude-proxy {__version__}")
     return parser
+
+
+LAUNCHER_OPTIONS = ("--env-file", "--env", "--config")
+
+
+def split_claude_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`claude [OPTIONS] [--] [ARGS...]` → (the launcher's options, Claude Code's ARGS). The
+    launcher's options come first; the first other word (or `--`) starts ARGS, which are
+    passed on unchanged."""
+    own: list[str] = []
+    rest = list(argv)
+    while rest:
+        word = rest[0]
+        name = word.split("=", 1)[0]
+        if word == "--":
+            rest.pop(0)
+            break
+        if name not in LAUNCHER_OPTIONS:
+            break
+        own.append(rest.pop(0))
+        if "=" not in word and rest:
+            own.append(rest.pop(0))
+    return own, rest
 
 
 def env_file_of(args: argparse.Namespace) -> Path | None:
@@ -222,6 +253,11 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    claude_args: list[str] = []
+    if argv[:1] == ["claude"]:
+        own, claude_args = split_claude_arguments(argv[1:])
+        argv = ["claude", *own]
     args = build_parser().parse_args(argv)
     env_file = env_file_of(args)
     try:
@@ -234,4 +270,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from claude_proxy.doctor import run_doctor
         return run_doctor(config)
+    if args.command in ("env", "claude"):
+        return launch(config, env_file, args, claude_args)
     return serve(config, env_file, args)
+
+
+def launch(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace,
+           claude_args: list[str]) -> int:
+    """`env` prints Claude Code's settings; `claude` runs it with them (launcher.py)."""
+    host = args.host or config.settings.host
+    port = args.port if args.port is not None else config.settings.port
+    if args.command == "env":
+        return print_environment(config, host, port, args.shell)
+    try:
+        return run_claude(config, host, port, claude_args,
+                          serve_arguments(env_file, args.config, host, port))
+    except ConfigurationError as exc:
+        print(f"claude-proxy: {exc}", file=sys.stderr)
+        return 2

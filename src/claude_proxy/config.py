@@ -26,15 +26,19 @@ PROVIDERS = (
     "dashscope",
     "openrouter",
     "vllm",
+    "llamacpp",
     "ollama",
     "azure",
     "openai",
+    "minimax",
+    "gemini",
+    "generic",
 )
 
 
 Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter",
-                  "chat_template_kwargs"]
-Passback = Literal["reasoning_content", "reasoning", "none"]
+                  "chat_template_kwargs", "minimax", "gemini"]
+Passback = Literal["reasoning_content", "reasoning", "reasoning_details", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
 CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
 WebSearchMode = Literal["native", "backend", "off"]
@@ -60,32 +64,62 @@ class ProviderProfile:
     reasoning_with_tools: bool = False
 
 
+# Each profile's `reasoning_with_tools` is what its `.env.<provider>` file says
+# (tests/test_profiles.py holds the two together): the current Kimi, GLM, DeepSeek, Qwen and
+# local models think while calling tools, and Claude Code always sends tools.
 PROFILES: dict[str, ProviderProfile] = {
-    "kimi": ProviderProfile("kimi", "kimi-k2.6", "kimi-k2.6", "kimi-k2.6", 32768, 32768,
-                            "thinking", "reasoning_content", ("kimi-k2",)),
-    "glm": ProviderProfile("glm", "glm-5", "glm-5", "glm-4.7-flash", 32768, 32768,
+    "kimi": ProviderProfile("kimi", "kimi-k3", "kimi-k3", "kimi-k3", 32768, 32768,
+                            "thinking", "reasoning_content", ("kimi-k2", "kimi-k3"),
+                            reasoning_with_tools=True),
+    "glm": ProviderProfile("glm", "glm-5.3", "glm-5.3", "glm-5.3-flash", 32768, 32768,
                            "thinking", "reasoning_content",
-                           ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5")),
-    "deepseek": ProviderProfile("deepseek", "deepseek-reasoner", "deepseek-chat",
-                                "deepseek-chat", 8192, 32768, "thinking", "reasoning_content",
-                                ("deepseek-",)),
-    "dashscope": ProviderProfile("dashscope", "qwen3-max", "qwen-plus", "qwen-flash", 32768, 32768,
-                                 "enable_thinking", "none",
+                           ("glm-4.5", "glm-4.6", "glm-4.7", "glm-5"), reasoning_with_tools=True),
+    "deepseek": ProviderProfile("deepseek", "deepseek-v4-pro", "deepseek-v4-pro",
+                                "deepseek-v4-flash", 8192, 32768, "thinking", "reasoning_content",
+                                ("deepseek-",), reasoning_with_tools=True),
+    "dashscope": ProviderProfile("dashscope", "qwen3.8-max", "qwen-plus", "qwen-flash", 32768,
+                                 32768, "enable_thinking", "none",
                                  ("qwen3", "qwen-plus", "qwen-flash", "qwen-turbo", "qwq",
-                                  "glm-", "deepseek-v3")),
-    "openrouter": ProviderProfile("openrouter", "openai/gpt-4o", "openai/gpt-4o",
-                                  "openai/gpt-4o-mini", 32768, 32768, "openrouter", "none", ("*",)),
+                                  "glm-", "deepseek-v3"), reasoning_with_tools=True),
+    "openrouter": ProviderProfile("openrouter", "moonshotai/kimi-k3", "moonshotai/kimi-k3",
+                                  "openai/gpt-5.4-mini", 32768, 32768, "openrouter", "none",
+                                  ("*",), reasoning_with_tools=True),
     "vllm": ProviderProfile("vllm", "default", "default", "default", 16384, 16384,
-                            "chat_template_kwargs", "reasoning", ("*",)),
+                            "chat_template_kwargs", "reasoning", ("*",),
+                            reasoning_with_tools=True),
+    # llama.cpp's llama-server: one model whatever the name; Jinja templates read
+    # chat_template_kwargs; it takes earlier reasoning back as `reasoning_content` only.
+    "llamacpp": ProviderProfile("llamacpp", "default", "default", "default", 16384, 16384,
+                                "chat_template_kwargs", "reasoning_content", ("*",),
+                                reasoning_with_tools=True),
     "ollama": ProviderProfile("ollama", "qwen3", "qwen3", "qwen3", 16384, 16384, "reasoning_effort",
-                              "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral")),
-    "azure": ProviderProfile("azure", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
+                              "reasoning", ("qwen3", "deepseek-r1", "gpt-oss", "magistral"),
+                              reasoning_with_tools=True),
+    "azure": ProviderProfile("azure", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,
                              "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
-    "openai": ProviderProfile("openai", "gpt-4o", "gpt-4o", "gpt-4o-mini", 16384, 32768,
+    "openai": ProviderProfile("openai", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,
                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, True),
+    # MiniMax M2/M3: reasoning_split puts the reasoning in reasoning_details, which interleaved
+    # thinking needs back on tool turns (conversion/dialects.py).
+    "minimax": ProviderProfile("minimax", "MiniMax-M3", "MiniMax-M3", "MiniMax-M2.7", 32768, 32768,
+                               "minimax", "reasoning_details", ("minimax-m2", "minimax-m3"),
+                               (), True),
+    # Gemini 3 through Google's OpenAI-compatible endpoint (AI Studio, Vertex): thought
+    # signatures travel on the tool calls (conversion/dialects.py).
+    "gemini": ProviderProfile("gemini", "gemini-3.8-flash", "gemini-3.8-flash",
+                              "gemini-3.5-flash-lite", 32768, 32768, "gemini", "none",
+                              ("gemini-",), (), True),
+    # A host no hint names: OpenAI's shapes, with the original design's rule that thinking
+    # goes off when the request has tools (older models cannot call functions while
+    # thinking) unless REASONING_WITH_TOOLS=true.
+    "generic": ProviderProfile("generic", "gpt-5.5", "gpt-5.5", "gpt-5.4-mini", 16384, 32768,
+                               "reasoning_effort", "none", (), OPENAI_REASONING_MODELS, False),
 }
 
-DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2")
+DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2", "minimax-m3")
+# Models whose servers (vLLM, SGLang, llama.cpp) sometimes leave a tool call written as text
+# in the content (docs/text-tool-calls.md).
+DEFAULT_TEXT_TOOL_CALL_PREFIXES = ("qwen3-coder", "qwen3.5", "qwen3.6")
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -97,6 +131,9 @@ _URL_HINTS: tuple[tuple[str, str], ...] = (
     ("dashscope", "dashscope"),
     ("aliyuncs", "dashscope"),
     ("openrouter", "openrouter"),
+    ("minimax", "minimax"),
+    ("generativelanguage.googleapis.com", "gemini"),
+    ("aiplatform.googleapis.com", "gemini"),
     ("azure", "azure"),
     (":11434", "ollama"),
     ("ollama", "ollama"),
@@ -105,13 +142,14 @@ _URL_HINTS: tuple[tuple[str, str], ...] = (
 
 
 def infer_provider(base_url: str) -> str:
-    """Guess the provider family from the upstream base URL; unknown hosts are 'openai'."""
+    """Guess the provider family from the upstream base URL; unknown hosts are 'generic'
+    (only api.openai.com, or PROVIDER=openai, gets the OpenAI profile)."""
     parts = urlsplit(base_url.lower())
     where = parts.netloc + parts.path
     for hint, provider in _URL_HINTS:
         if hint in where:
             return provider
-    return "openai"
+    return "generic"
 
 
 class ProviderSettings(BaseModel):
@@ -148,6 +186,9 @@ class ProviderSettings(BaseModel):
     reasoning_with_tools: bool | None = None
     reasoning_passback: Passback | None = None
     think_tag_prefixes: PrefixList = None
+    text_tool_call_prefixes: PrefixList = None
+    """TEXT_TOOL_CALL_PREFIXES: models whose tool calls written as text (Qwen3-Coder's
+    `<function=…>` XML, `<tool_call>` JSON) become tool_use blocks."""
     buffer_stream_model_prefixes: PrefixList = None
     responses_api: bool = True
 
@@ -163,7 +204,7 @@ class ProviderSettings(BaseModel):
     `off` (the Anthropic `unavailable` error, never an answer from memory)."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
-                     "buffer_stream_model_prefixes", mode="before")
+                     "text_tool_call_prefixes", "buffer_stream_model_prefixes", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         """`a,b, c` in the environment; an explicit empty value means 'none'."""
@@ -256,6 +297,12 @@ class ProviderSettings(BaseModel):
         if self.think_tag_prefixes is None:
             return DEFAULT_THINK_TAG_PREFIXES
         return tuple(self.think_tag_prefixes)
+
+    @property
+    def text_tool_call_models(self) -> tuple[str, ...]:
+        if self.text_tool_call_prefixes is None:
+            return DEFAULT_TEXT_TOOL_CALL_PREFIXES
+        return tuple(self.text_tool_call_prefixes)
 
     @property
     def buffered_models(self) -> tuple[str, ...]:

@@ -14,14 +14,18 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from claude_proxy.config import ProviderSettings, SearchSettings
 from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
+from claude_proxy.routing.discovery import discover, windows
 from claude_proxy.routing.router import Router
 from claude_proxy.upstream import OpenAIClient
-from claude_proxy.upstreams import responses
+from claude_proxy.upstreams import llamacpp, responses
+from claude_proxy.upstreams.misconfigured import JINJA, MisconfiguredUpstream
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
@@ -221,8 +225,13 @@ def configured_models(settings: ProviderSettings,
 async def diagnose_provider(name: str, settings: ProviderSettings,
                             routed: list[tuple[str, str]]) -> tuple[list[str], dict[str, bool]]:
     """The lines for one provider, and whether each of its models works."""
+    props = await server_props(settings) if (settings.provider_name == llamacpp.PROFILE or
+                                             llamacpp.recognisable(settings)) else None
+    if props is not None and settings.provider is None:
+        settings = settings.model_copy(update={"provider": llamacpp.PROFILE})  # recognised
     lines = [f"provider {name}: upstream {settings.openai_base_url} "
-             f"(profile {settings.provider_name})",
+             f"(profile {settings.provider_name}"
+             f"{', llama-server ' + props.build if props is not None else ''})",
              f"    {'configuration':<14} {'ok':<5} key "
              f"{'set' if settings.upstream_secrets() else 'unset'}"
              f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
@@ -232,6 +241,8 @@ async def diagnose_provider(name: str, settings: ProviderSettings,
     try:
         for model, uses in configured_models(settings, routed):
             report = ModelReport(model, uses, await check_model(client, settings, model))
+            if settings.provider_name == llamacpp.PROFILE and report.checks[0].ok:
+                report.checks.extend(await llamacpp_checks(client, settings, model, props))
             lines.append(f"  {model} ({', '.join(uses)})")
             lines.extend(check.line() for check in report.checks)
             works[model] = report.ok
@@ -253,9 +264,15 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
         provider_lines, provider_works = await diagnose_provider(name, settings, routed)
         lines.extend(provider_lines)
         works.update({(name, model): ok for model, ok in provider_works.items()})
+    await discover(config)
+    known = windows(config)
     for route, c in routes:
         ok = works.get((c.provider, c.model), False)
-        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}")
+        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}"
+                     f" {window_note(known.get(c.provider, {}).get(c.model))}")
+    if not routes:
+        lines.extend(f"  {provider},{model} {window_note(facts)}"
+                     for provider, models in known.items() for model, facts in models.items())
     ok = all(works.values())
     if config.settings.web_search_backend:
         search = await check_search_backend(config.settings)
@@ -265,6 +282,89 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok
+
+
+def window_note(facts: dict[str, Any] | None) -> str:
+    """`window 131072 (source)`, or that none is known (no pre-flight for that model)."""
+    if not facts or facts.get("context_window") is None:
+        return "window unknown (no pre-flight; set context_window)"
+    output = facts.get("max_output_tokens")
+    return (f"window {facts['context_window']}"
+            f"{f', output {output}' if output else ''} ({facts['source']})")
+
+
+# ---------------------------------------------------------------- llama.cpp's llama-server
+# Jinja, the context size, and whether the chat template renders tools: each a way
+# llama-server fails Claude Code silently or late. Without Jinja every request with tools is
+# refused; a context smaller than Claude Code's first request overflows on every request; a
+# template that cannot render tools makes the server drop them without a word (Claude Code's
+# first request shrank from 13,870 to 4,048 tokens). The last is measured: the same request
+# with and without a tool must not cost the same number of prompt tokens.
+
+CLAUDE_CODE_FIRST_REQUEST = 20_000
+"""Tokens of Claude Code's first request with its tools and system prompt (13,870 measured
+on Gemma 3's tokenizer; more with MCP servers): a smaller context cannot hold it."""
+COMFORTABLE_CONTEXT = 65_536
+ADVICE_CONTEXT = "start llama-server with -c 65536 (or more)"
+
+
+async def server_props(settings: ProviderSettings) -> llamacpp.Props | None:
+    """`/props` of the provider's server, when it is llama-server."""
+    key = settings.openai_api_key.get_secret_value()
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient() as client:
+        return await llamacpp.read_props(client, settings.openai_base_url, headers)
+
+
+def check_context(props: llamacpp.Props) -> Check:
+    if props.n_ctx is None:
+        return Check("context", False, "/props did not say n_ctx", required=False)
+    if props.n_ctx < CLAUDE_CODE_FIRST_REQUEST:
+        return Check("context", False, f"n_ctx {props.n_ctx}: Claude Code's first request "
+                     f"alone is about {CLAUDE_CODE_FIRST_REQUEST} tokens; {ADVICE_CONTEXT}")
+    if props.n_ctx < COMFORTABLE_CONTEXT:
+        return Check("context", False, f"n_ctx {props.n_ctx}: sessions will compact early; "
+                     f"{ADVICE_CONTEXT}", required=False)
+    return Check("context", True, f"n_ctx {props.n_ctx}")
+
+
+async def check_template_tools(client: OpenAIClient, settings: ProviderSettings,
+                               model: str) -> Check:
+    """Jinja on, and the template renders tools (a tool costs prompt tokens)."""
+    plain = anthropic_request(model, max_tokens=1, thinking={"type": "disabled"})
+    try:
+        without = await client.complete(convert_request(plain, settings).body)
+        with_tool = await client.complete(convert_request(
+            {**plain, "tools": [CLOCK_TOOL]}, settings).body)
+    except MisconfiguredUpstream as error:
+        detail = JINJA if error.advice == JINJA else error.advice
+        return Check("jinja", False, detail)
+    except ProxyError as error:
+        return Check("jinja", False, f"{error.status}: {error.message}", required=False)
+    sizes = [_prompt_tokens(without), _prompt_tokens(with_tool)]
+    if None in sizes:
+        return Check("template", False, "no prompt token counts came back", required=False)
+    if sizes[0] == sizes[1]:
+        return Check("template", False, f"the chat template drops tools ({sizes[0]} prompt "
+                     "tokens with and without one): give llama-server a template that "
+                     "renders them (--chat-template-file)")
+    return Check("template", True, f"renders tools ({sizes[0]} → {sizes[1]} prompt tokens "
+                 "with one tool)")
+
+
+def _prompt_tokens(completion: dict[str, Any]) -> int | None:
+    usage = completion.get("usage")
+    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
+
+
+async def llamacpp_checks(client: OpenAIClient, settings: ProviderSettings, model: str,
+                          props: llamacpp.Props | None) -> list[Check]:
+    """The llama-server lines of one model: Jinja and tools, then the context size."""
+    checks = [await check_template_tools(client, settings, model)]
+    if props is not None:
+        checks.append(check_context(props))
+    return checks
 
 
 def run_doctor(config: ProxyConfig) -> int:

@@ -7,7 +7,6 @@ the real API.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -112,39 +111,6 @@ def error_from_upstream(status: int, body: bytes, headers: dict[str, str]) -> Pr
     forwarded: dict[str, str] = {name: headers[name] for name in ("retry-after", "retry-after-ms")
                  if name in headers}
     return ProxyError(status, upstream_error_message(body), headers=forwarded)
-
-
-_OVERFLOW_HINTS = ("context length", "context window", "context_length_exceeded",
-                   "maximum context", "token limit", "too many tokens", "input length",
-                   "exceeds the model", "reduce the length", "prompt is too long")
-_ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long[^0-9]*\d+\s*tokens?\s*>\s*\d+")
-_LIMIT = re.compile(r"(?:context length|context window|token limit|limit|maximum|\[\s*1\s*,)"
-                    r"\D{0,40}?(\d[\d,]*)", re.IGNORECASE)
-_NUMBER = re.compile(r"\d[\d,]*")
-
-
-def context_overflow(error: ProxyError, prompt_estimate: int) -> ProxyError | None:
-    """An upstream context-overflow 400, reworded as Anthropic's
-    `prompt is too long: X tokens > Y maximum`, which makes Claude Code compact the
-    conversation instead of failing. The limit is the number the provider names as one;
-    the size is the largest number above it, else the proxy's own estimate."""
-    if error.status not in (400, 413, 422):
-        return None
-    lowered = error.message.lower()
-    if not any(hint in lowered for hint in _OVERFLOW_HINTS):
-        return None
-    if _ANTHROPIC_OVERFLOW.search(lowered):
-        return ProxyError(400, error.message, error_type="invalid_request_error")
-    limit_match = _LIMIT.search(error.message)
-    limit = int(limit_match.group(1).replace(",", "")) if limit_match else 0
-    numbers = [int(n.replace(",", "")) for n in _NUMBER.findall(error.message)]
-    requested = max(numbers, default=0)
-    if requested <= limit:
-        requested = max(prompt_estimate, limit + 1)
-    if not limit:
-        limit = max(requested - 1, 1)
-    return ProxyError(400, f"prompt is too long: {requested} tokens > {limit} maximum",
-                      error_type="invalid_request_error")
 
 
 def error_from_payload(error: Any) -> ProxyError:

@@ -160,8 +160,9 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     # stream was opened up to it), so the client gets its first text one write sooner.
     events = converter.start()
     try:
-        # After [DONE] the reader only drains the body's end: it is not waited for.
-        while not (pump.finished or stream.said_done) or pump.chunks:
+        # After [DONE] the reader only drains the body's end: it is not waited for. After a
+        # stop sequence nothing more is wanted: the upstream is cancelled (finally, below).
+        while (not (pump.finished or stream.said_done) or pump.chunks) and not converter.stopped:
             chunks = await pump.take()
             if loop.time() > deadline:
                 raise deadline_error()
@@ -173,7 +174,7 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
                 events = []
             if failure is not None:
                 raise failure
-        if pump.error is not None:
+        if pump.error is not None and not converter.stopped:
             raise pump.error
         if not stream.complete and not converter.saw_finish_reason:
             raise ProxyError(502, "upstream stream ended before the response was complete",
@@ -207,6 +208,8 @@ def _convert(converter: StreamConverter,
             events.extend(converter.feed(chunk))
         except ProxyError as error:
             return events, error
+        if converter.stopped:
+            break
     return events, None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -25,6 +25,7 @@ from claude_proxy.capabilities import (
     refused_structured,
     structured_mode,
 )
+from claude_proxy.config import ProviderSettings
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
@@ -33,20 +34,23 @@ from claude_proxy.conversion.response_converter import (
     collect_message,
     convert_chunks,
 )
-from claude_proxy.conversion.signatures import Origin, ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
 from claude_proxy.conversion.structured import apply_responses_structured_output
-from claude_proxy.errors import ProxyError, context_overflow
+from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
+from claude_proxy.overflow import ContextOverflow, context_overflow
 from claude_proxy.retry import parse_retry_after
+from claude_proxy.routing import calibration, preflight
 from claude_proxy.routing.config import ProxyConfig
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.router import Candidate, Router
 from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
-from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.upstream import OpenAIClient, UpstreamStream
-from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstreams import chat_completions, llamacpp, responses
+from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream
 from claude_proxy.websearch.blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.service")
@@ -54,9 +58,14 @@ logger = logging.getLogger("claude_proxy.service")
 T = TypeVar("T")
 Send = Callable[[Provider, UpstreamRequest], Awaitable[T]]
 
+SERVER_PROFILE_KEY = "server-profile:"
+"""Store records: the profile a provider's server was recognised as (per provider name)."""
+SERVER_PROFILE_TTL = 3600.0
+"""Refreshed by the next answer that says so; a server swapped for another is relearned."""
+
 FAILOVER_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 CREDENTIAL_STATUSES = frozenset({401, 402, 403})
-Failure = Literal["retriable", "credential", "overflow", "final"]
+Failure = Literal["retriable", "credential", "misconfigured", "overflow", "final"]
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,22 @@ class Attempt:
     provider: Provider
     candidate: Candidate
     upstream: UpstreamRequest
+    fit: preflight.Fit
+    """Its input estimate and window (the pre-flight's measure)."""
 
 
 def classify(error: ProxyError) -> Failure:
     """What a failure before the first byte means for failover: try the next candidate
     (counting towards cooldown or, for a refused credential, not), reroute a context
-    overflow, or answer the client now."""
+    overflow, or answer the client now. A server not set up for the request (e.g. llama-server
+    without --jinja) is tried no more, but another provider may be."""
+    if isinstance(error, MisconfiguredUpstream):
+        return "misconfigured"
     if error.status in CREDENTIAL_STATUSES:
         return "credential"
     if error.status in FAILOVER_STATUSES:
         return "retriable"
-    if context_overflow(error, 0) is not None:
+    if isinstance(error, ContextOverflow) or context_overflow(error, 0) is not None:
         return "overflow"
     return "final"
 
@@ -128,6 +142,37 @@ class MessagesService:
         self.signer = signer
         self.metrics = metrics
         self.sessions = SessionSizes()
+        self._recognised: dict[str, ProviderSettings] = {}
+        for provider in providers.values():
+            if llamacpp.recognisable(provider.settings):
+                provider.client.on_headers = partial(self._note_server, provider.name)
+
+    # ------------------------------------------------------------ the server behind a provider
+
+    def _note_server(self, name: str, headers: Mapping[str, str]) -> None:
+        """A provider whose profile was only guessed: llama-server says who it is in every
+        answer's `Server` header; from then on the provider gets the `llamacpp` profile."""
+        key = SERVER_PROFILE_KEY + name
+        known = self.store.get(key)
+        if llamacpp.is_llamacpp(headers):
+            if known is None:
+                logger.info("provider %s is llama.cpp (its Server header): using the %s "
+                            "profile", name, llamacpp.PROFILE)
+                self.store.put(key, {"profile": llamacpp.PROFILE}, ttl=SERVER_PROFILE_TTL)
+        elif known is not None:
+            self.store.delete(key)
+
+    def settings_of(self, provider: Provider) -> ProviderSettings:
+        """The provider's settings, with the profile its server was recognised as."""
+        known = self.store.get(SERVER_PROFILE_KEY + provider.name)
+        profile = known.get("profile") if known else None
+        if not isinstance(profile, str) or not llamacpp.recognisable(provider.settings):
+            return provider.settings
+        cached = self._recognised.get(provider.name)
+        if cached is None or cached.provider != profile:
+            cached = provider.settings.model_copy(update={"provider": profile})
+            self._recognised[provider.name] = cached
+        return cached
 
     @property
     def client(self) -> OpenAIClient:
@@ -169,16 +214,18 @@ class MessagesService:
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
         body = replay_blocks(body, self.signer)  # earlier web searches as text
+        body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
-        if responses.uses_responses(model, provider.settings):
+        settings = self.settings_of(provider)
+        if responses.uses_responses(model, settings):
             upstream = responses.convert_request(
-                body, provider.settings, model=model, opaque_for=opaque_for,
+                body, settings, model=model, opaque_for=opaque_for,
                 without_reasoning=refusals.refuses(model, REASONING),
                 without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
             apply_responses_structured_output(upstream.body, body)
         else:
-            upstream = convert_request(body, provider.settings, model=model,
+            upstream = convert_request(body, settings, model=model,
                                        is_ours=self.is_ours, opaque_for=opaque_for,
                                        without_reasoning=refusals.refuses(model, REASONING),
                                        structured=structured_mode(refusals, model),
@@ -197,10 +244,15 @@ class MessagesService:
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
         parser = responses.ResponsesParser() if upstream.api == "responses" else None
-        return StreamConverter(body["model"], input_tokens=estimate_request_tokens(body),
-                               sign=partial(self.signer.sign, origin=origin),
+        thinking = body.get("thinking")
+        omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
+        return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
+                               sign=partial(self.signer.sign, origin=origin, hidden=omitted),
+                               omit_thinking=omitted,
                                think_tags=upstream.think_tags, leading_think_tags=True,
-                               show_inline_thinking=upstream.thinking, parser=parser)
+                               show_inline_thinking=upstream.thinking,
+                               text_tools=upstream.text_tools, parser=parser,
+                               stop_sequences=body.get("stop_sequences") or ())
 
     # ------------------------------------------------------------ routing and failover
 
@@ -210,17 +262,23 @@ class MessagesService:
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
-        walk = _Walk(self.router.candidates(body, estimate, self.sessions.previous(session)),
-                     self.providers)
+        measure = self.measure(body, session, estimate)
+        candidates = self.router.candidates(body, estimate, self.sessions.previous(session),
+                                            subagent=record.agent != "-")
+        fits = preflight.plan(candidates, self.router.route("long_context"), measure)
+        walk = _Walk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)
         while (candidate := walk.next()) is not None:
             provider = self.providers[candidate.provider]
             self._note_route(record, candidate, walk)  # an error is then the last one tried
+            fit = measure(candidate)
+            record.input_estimate = fit.raw
             try:
-                attempt, result = await self._attempt(provider, candidate, body, send, cache_key)
+                attempt, result = await self._attempt(provider, candidate, fit, body, send,
+                                                      cache_key)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
-                self._after_failure(walk, provider, candidate, error, estimate)
+                self._after_failure(walk, provider, candidate, error, fit)
                 continue
             finally:
                 provider.health.release()
@@ -229,8 +287,37 @@ class MessagesService:
             return attempt, result
         raise self._all_failed(walk, estimate)
 
+    def measure(self, body: dict[str, Any], session: str | None,
+                plain: int | None = None) -> preflight.Measure:
+        """Measures candidates for this request: the calibrated input estimate for the
+        model and its known window (each model family's estimate is made once; `plain`, the
+        tokenizer-free one, when already made)."""
+        raw: dict[str | None, int] = {} if plain is None else {None: plain}
+        fits: dict[Candidate, preflight.Fit] = {}
+        conversation = calibration.thread(body)
+
+        def measure(candidate: Candidate) -> preflight.Fit:
+            if candidate not in fits:
+                family = encoding_name(candidate.model)
+                if family not in raw:
+                    raw[family] = estimate_request_tokens(body, candidate.model)
+                facts = self.config.models.facts(candidate.provider, candidate.model)
+                tokens = calibration.calibrated(self.store, session, candidate.provider,
+                                                candidate.model, raw[family], conversation)
+                fits[candidate] = preflight.Fit(candidate, tokens, raw[family],
+                                                facts.context_window, facts.max_output_tokens)
+            return fits[candidate]
+        return measure
+
+    def count_tokens(self, body: dict[str, Any], session: str | None) -> int:
+        """count_tokens: the calibrated input estimate for the model this request would go
+        to (exact for OpenAI-family models)."""
+        plain = estimate_request_tokens(body)
+        candidates = self.router.candidates(body, plain, self.sessions.previous(session))
+        return self.measure(body, session, plain)(candidates[0]).tokens
+
     def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
-                       error: ProxyError, estimate: int) -> None:
+                       error: ProxyError, fit: preflight.Fit) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""
         kind = classify(error)
         if kind == "final":
@@ -239,7 +326,7 @@ class MessagesService:
             raise error
         if kind == "overflow":
             self._count(candidate, "error")
-            overflow = context_overflow(error, estimate)
+            overflow = context_overflow(error, fit.tokens, fit.window)
             assert overflow is not None
             if not walk.reroute(self.router.route("long_context"), candidate):
                 raise overflow
@@ -251,6 +338,10 @@ class MessagesService:
             provider.health.record_misconfigured(error.message)
             logger.warning("provider %s refused its credential (%d %s): check its key",
                            provider.name, error.status, error.message)
+        elif isinstance(error, MisconfiguredUpstream):
+            provider.health.record_misconfigured(error.message)
+            logger.warning("provider %s is not set up for this request: %s", provider.name,
+                           error.advice)
         else:
             provider.health.record_failure(error.message,
                                            parse_retry_after(error.headers.get("retry-after")))
@@ -273,7 +364,7 @@ class MessagesService:
             overflow = context_overflow(error, estimate)
             if overflow is not None:
                 return overflow
-        if failures and all(classify(e) == "credential" for _, e in failures):
+        if failures and all(classify(e) in ("credential", "misconfigured") for _, e in failures):
             return failures[0][1]
         summary = "; ".join(f"{c.provider},{c.model}: {e.status} {e.message}"[:300]
                             for c, e in failures)
@@ -299,16 +390,21 @@ class MessagesService:
 
     # ------------------------------------------------------------ one provider
 
-    async def _attempt(self, provider: Provider, candidate: Candidate, body: dict[str, Any],
-                       send: Send[T], cache_key: str | None = None) -> tuple[Attempt, T]:
+    async def _attempt(self, provider: Provider, candidate: Candidate, fit: preflight.Fit,
+                       body: dict[str, Any], send: Send[T],
+                       cache_key: str | None = None) -> tuple[Attempt, T]:
         """Send to one provider; if it refuses something we added (an optional field, the
         cache breakpoints, the reasoning fields, a later system message), remember that for
-        the model and send once more without. `cache_key`: the session's prompt-cache key."""
+        the model and send once more without. `cache_key`: the session's prompt-cache key.
+        max_tokens is clamped to the room the model's window leaves (pre-flight)."""
+        body = preflight.clamped(body, fit)
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
-            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
+            return (Attempt(provider, candidate, upstream, fit),
+                    await _sent(provider, upstream, send))
         except ProxyError as error:
-            refused = self._refused_fields(error, upstream)
+            known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
+            refused = [] if known else self._refused_fields(error, upstream)
             if not refused:
                 raise
             model = candidate.model
@@ -319,7 +415,8 @@ class MessagesService:
             for field in refused:
                 provider.refusals.remember(model, field)
             upstream = self.convert(provider, candidate.model, body, cache_key)
-            return Attempt(provider, candidate, upstream), await _sent(provider, upstream, send)
+            return (Attempt(provider, candidate, upstream, fit),
+                    await _sent(provider, upstream, send))
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -353,7 +450,11 @@ class MessagesService:
         return self.converter(body, attempt), stream
 
     async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
-        """A whole Message, for non-streaming clients."""
+        """A whole Message, for non-streaming clients. With stop sequences the upstream is
+        asked for a stream, so that it can be cancelled where one matches."""
+        if body.get("stop_sequences"):
+            return await self._create_streamed(body, session)
+
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
             if upstream.api == "responses":
                 return provider.client.respond(upstream.body)
@@ -370,11 +471,40 @@ class MessagesService:
         self.remember_session(session, current_record())
         return message
 
+    async def _create_streamed(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
+        """`create` through an upstream stream, read until its end or a stop sequence."""
+        converter, stream = await self.open_stream({**body, "stream": True}, session)
+        record = current_record()
+        record.stream = False
+        events = converter.start()
+        try:
+            async for batch in stream:
+                for chunk in batch:
+                    events.extend(converter.feed(chunk))
+                    if converter.stopped:
+                        break
+                if converter.stopped:
+                    break
+            if not (stream.complete or converter.saw_finish_reason):
+                raise ProxyError(502, "upstream stream ended before the response was complete",
+                                 error_type="api_error")
+        finally:
+            await stream.aclose()  # cancels the upstream after a stop sequence
+        message = collect_message(events + converter.finish())
+        record.message = message
+        record_usage(message["usage"], converter.reasoning_tokens())
+        self.remember_session(session, record)
+        return message
+
     def remember_session(self, session: str | None, record: RequestRecord) -> None:
-        """The input this turn really used, for the next turn's long_context rule."""
-        self.sessions.remember(session, record.tokens.get("input", 0)
-                               + record.tokens.get("cache_read", 0)
-                               + record.tokens.get("cache_write", 0))
+        """The input this turn really used, for the next turn's long_context rule and the
+        session's calibration (routing/calibration.py)."""
+        reported = (record.tokens.get("input", 0) + record.tokens.get("cache_read", 0)
+                    + record.tokens.get("cache_write", 0))
+        self.sessions.remember(session, reported)
+        calibration.remember(self.store, session, record.provider, record.upstream_model,
+                             reported, record.input_estimate,
+                             calibration.thread(record.client_body))
 
 
 async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

@@ -1,13 +1,22 @@
-"""A tokenizer-free estimate of a request's input tokens (count_tokens and message_start).
+"""The input tokens of a request, as the upstream will count them (count_tokens, message_start,
+the pre-flight check).
 
-Claude Code only needs a number close enough to manage its context window; about four
-characters a token is the usual rule. Images and documents count a fixed amount each. What is
-counted is what the translation sends: system, messages, tools, and a structured-output schema
-(sent as `response_format`, or in the system prompt where the upstream refuses that).
+For OpenAI-family models the count is exact: OpenAI's own encodings (o200k_base, cl100k_base),
+shipped inside the `bpe-openai` wheel so nothing is downloaded at run time, with the chat
+format's per-message overhead (3 tokens a message, 3 to prime the reply; OpenAI cookbook "How to
+count tokens with tiktoken"). For every other model the upstream's tokenizer is unknown: about
+four characters a token, which routing/calibration.py then corrects per session with the
+prompt tokens the upstream really reported.
+
+Every block type counts: system, messages (text, tool use and results, thinking), tools, images
+and documents (a fixed amount each; text documents by their text), and a structured-output
+schema (sent as `response_format`, or in the system prompt where the upstream refuses that).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
 import orjson
@@ -16,41 +25,121 @@ from claude_proxy.conversion.structured import requested_schema, schema_instruct
 from claude_proxy.conversion.usage import estimate_tokens
 
 TOKENS_PER_MEDIA_BLOCK = 1600
+TOKENS_PER_MESSAGE = 3
+"""OpenAI chat format: `<|start|>{role}<|message|>…<|end|>` around each message."""
+REPLY_PRIMING = 3
+"""OpenAI chat format: every reply is primed with `<|start|>assistant<|message|>`."""
 _SKIPPED_KEYS = frozenset({"type", "id", "tool_use_id", "signature", "cache_control", "data",
-                           "media_type"})
+                           "media_type", "source"})
+_O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o",
+                   "gpt-oss", "codex")
+_CL100K_PREFIXES = ("gpt-4", "gpt-3.5", "gpt-35")
+
+Counter = Callable[[str], int]
 
 
-def estimate_request_tokens(request: dict[str, Any]) -> int:
-    characters = _characters(request.get("system"))
-    media = 0
+def encoding_name(model: str | None) -> str | None:
+    """OpenAI's encoding for an OpenAI-family model id (`openai/` and `azure/` prefixes and
+    Ollama tags allowed), else None."""
+    if not model:
+        return None
+    name = model.lower().rsplit("/", 1)[-1]
+    if name.startswith(_O200K_PREFIXES):
+        return "o200k_base"
+    if name.startswith(_CL100K_PREFIXES):
+        return "cl100k_base"
+    return None
+
+
+@cache
+def _encoder(name: str) -> Counter:
+    import bpe_openai  # the wheel's tables load once, on first use (~70 ms)
+
+    encoding = bpe_openai.get_encoding(name)
+
+    def count(text: str) -> int:
+        return len(encoding.encode_ordinary(text)) if text else 0
+    return count
+
+
+def estimate_request_tokens(request: dict[str, Any], model: str | None = None) -> int:
+    """The request's input tokens for `model` (the upstream model id; None: unknown)."""
+    name = encoding_name(model)
+    if name is not None:
+        return _exact(request, _encoder(name))
+    characters = sum(len(text) for text in texts(request))
+    return estimate_tokens(characters) + media_blocks(request) * TOKENS_PER_MEDIA_BLOCK
+
+
+def _exact(request: dict[str, Any], count: Counter) -> int:
+    """OpenAI's chat accounting: each message's role and text plus its framing; tools and the
+    schema as the JSON the upstream is sent."""
+    total = REPLY_PRIMING + media_blocks(request) * TOKENS_PER_MEDIA_BLOCK
+    system = "".join(_strings(request.get("system")))
+    if system:
+        total += TOKENS_PER_MESSAGE + count("system") + count(system)
     for message in request.get("messages") or []:
         if isinstance(message, dict):
-            characters += _characters(message.get("content"))
-            media += _media_blocks(message.get("content"))
+            total += TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
+            total += sum(count(text) for text in _strings(message.get("content")))
+    total += sum(count(text) for text in _extras(request))
+    return total
+
+
+def texts(request: dict[str, Any]) -> Iterator[str]:
+    """Every piece of text of a request that reaches the upstream's prompt."""
+    yield from _strings(request.get("system"))
+    for message in request.get("messages") or []:
+        if isinstance(message, dict):
+            yield from _strings(message.get("content"))
+    yield from _extras(request)
+
+
+def _extras(request: dict[str, Any]) -> Iterator[str]:
     tools = request.get("tools")
     if tools:
-        characters += len(orjson.dumps(tools))
+        yield orjson.dumps(tools).decode()
     schema = requested_schema(request)
     if schema is not None:
-        characters += len(schema_instruction(schema))
-    return estimate_tokens(characters) + media * TOKENS_PER_MEDIA_BLOCK
+        yield schema_instruction(schema)
 
 
-def _characters(value: Any) -> int:
+def _strings(value: Any) -> Iterator[str]:
+    """The text of a content value: strings, tool inputs as JSON, thinking, tool results,
+    and text documents' own text; not ids, signatures or base64 data."""
     if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_characters(item) for item in value)
-    if isinstance(value, dict):
-        return sum(_characters(item) if key != "input" else len(orjson.dumps(item))
-                   for key, item in value.items() if key not in _SKIPPED_KEYS)
-    return 0
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key == "input":
+                yield orjson.dumps(item).decode()
+            elif key not in _SKIPPED_KEYS:
+                yield from _strings(item)
+        yield from _document_text(value)
 
 
-def _media_blocks(value: Any) -> int:
+def _document_text(block: dict[str, Any]) -> Iterator[str]:
+    source = block.get("source") if block.get("type") == "document" else None
+    if isinstance(source, dict) and source.get("type") == "text":
+        yield str(source.get("data", ""))
+    elif isinstance(source, dict) and source.get("type") == "content":
+        yield from _strings(source.get("content"))
+
+
+def media_blocks(value: Any) -> int:
+    """Images and non-text documents, wherever they are (tool results included)."""
+    if isinstance(value, dict) and "messages" in value:
+        return sum(media_blocks(m.get("content")) for m in value["messages"] or []
+                   if isinstance(m, dict))
     if isinstance(value, list):
-        return sum(_media_blocks(item) for item in value)
+        return sum(media_blocks(item) for item in value)
     if isinstance(value, dict):
-        own = 1 if value.get("type") in ("image", "document") else 0
-        return own + _media_blocks(value.get("content"))
+        source = value.get("source")
+        text_document = (value.get("type") == "document" and isinstance(source, dict)
+                         and source.get("type") in ("text", "content"))
+        own = 1 if value.get("type") in ("image", "document") and not text_document else 0
+        return own + media_blocks(value.get("content"))
     return 0

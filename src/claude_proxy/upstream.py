@@ -27,17 +27,23 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from claude_proxy.access import mark
 from claude_proxy.config import ProviderSettings
-from claude_proxy.errors import ProxyError, error_from_payload, error_from_upstream
+from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
+from claude_proxy.overflow import from_payload, from_upstream
 from claude_proxy.retry import RetryPolicy
 from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
 from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
 
 logger = logging.getLogger("claude_proxy.upstream")
 
 Chunk = dict[str, Any]
 T = TypeVar("T")
+
+LOGGED_MESSAGE_CHARS = 300
+"""How much of an upstream's error message a log line carries."""
+
 
 class UpstreamStream:
     """An open upstream response yielding batches of parsed chunks, one batch per network
@@ -66,7 +72,7 @@ class UpstreamStream:
         for chunk in self._first:
             error = self._wire.error_of(chunk)
             if error:
-                raise error_from_payload(error)
+                raise from_payload(error)
             if not self._wire.is_preamble(chunk):
                 break
 
@@ -140,6 +146,8 @@ class OpenAIClient:
                               tuple[httpx.URL, dict[str, httpx.Headers]]] = {}
         self._extensions = {"timeout": timeout.as_dict()}
         self._secrets = settings.upstream_secrets()
+        self.on_headers: Callable[[httpx.Headers], None] | None = None
+        """Shown every answer's headers (how the service recognises llama-server)."""
 
     @staticmethod
     def _auth_headers(settings: ProviderSettings) -> dict[str, str]:
@@ -181,7 +189,7 @@ class OpenAIClient:
         answer = await self._complete(self.responses_url, body, {})
         error = responses.WIRE.error_of(answer)
         if error:
-            raise self._redacted(error_from_payload(error))
+            raise self._redacted(from_payload(error))
         return answer
 
     async def open_response_stream(self, body: dict[str, Any]) -> UpstreamStream:
@@ -239,10 +247,14 @@ class OpenAIClient:
             except ProxyError as error:
                 self._redacted(error)
                 if not self._policy.should_retry(number, error.status):
+                    status = (error.upstream_status if isinstance(error, MisconfiguredUpstream)
+                              else error.status)
+                    logger.warning("upstream failed (%d %s): %s; not retried", status,
+                                   error.error_type, logged_message(error))
                     raise
                 delay = self._policy.delay(number, error.headers.get("retry-after"))
-                logger.warning("upstream failed (%d %s), retry %d in %.2fs", error.status,
-                               error.error_type, number + 1, delay)
+                logger.warning("upstream failed (%d %s): %s; retry %d in %.2fs", error.status,
+                               error.error_type, logged_message(error), number + 1, delay)
                 mark("retry", f"{error.status} {error.error_type}, again in {delay:.2f}s")
                 if self._on_retry is not None:
                     self._on_retry()
@@ -270,6 +282,8 @@ class OpenAIClient:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise _transport_error(exc) from exc
+        if self.on_headers is not None:
+            self.on_headers(response.headers)
         if response.status_code < 400:
             return response
         raise await _read_error(response)
@@ -303,13 +317,24 @@ class OpenAIClient:
 
 
 async def _read_error(response: httpx.Response) -> ProxyError:
+    """The client's error for a non-2xx answer; one that no retry can fix (a server not set
+    up for the request) becomes a 400 saying what to change (upstreams/misconfigured.py)."""
     try:
         content = await response.aread()
     except httpx.HTTPError:
         content = b""
     finally:
         await response.aclose()
-    return error_from_upstream(response.status_code, content, dict(response.headers))
+    return recognise(from_upstream(response.status_code, content, dict(response.headers)))
+
+
+def logged_message(error: ProxyError) -> str:
+    """An upstream error's message for a log line: one line, capped (the log filter redacts
+    keys; `_redacted` has already taken out this provider's own)."""
+    text = " ".join(error.message.split())
+    if len(text) > LOGGED_MESSAGE_CHARS:
+        text = text[:LOGGED_MESSAGE_CHARS] + "…"
+    return repr(text)
 
 
 def _transport_error(exc: httpx.HTTPError) -> ProxyError:
@@ -330,7 +355,7 @@ def _parse_json_body(content: bytes) -> Chunk:
     if not isinstance(data, dict):
         raise ProxyError(502, "upstream returned an unexpected JSON body", error_type="api_error")
     if data.get("error"):
-        raise error_from_payload(data["error"])
+        raise from_payload(data["error"])
     return data
 
 

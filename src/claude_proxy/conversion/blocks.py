@@ -9,7 +9,7 @@ accumulator insists on. It knows nothing of the upstream's wire format: the pars
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from claude_proxy.conversion.deltas import (
     Usage,
 )
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
+from claude_proxy.conversion.stop_sequences import StopMatcher
 from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, reasoning_tokens
 from claude_proxy.errors import ProxyError, error_from_payload
 
@@ -62,18 +63,23 @@ class _ReasoningBlockState:
 
     kind = "thinking"
 
-    def __init__(self, index: int, sign: Sign) -> None:
+    def __init__(self, index: int, sign: Sign, *, omitted: bool = False) -> None:
         self.index = index
         self._sign = sign
+        self._omitted = omitted
+        """`thinking.display: "omitted"`: no thinking_delta; the text travels in the
+        signature (`sign` was made with `hidden=True`)."""
         self._pieces: list[str] = []
         self.opaque: list[dict[str, Any]] = []
 
     def start(self) -> Event:
         return _block_start(self.index, {"type": "thinking", "thinking": "", "signature": ""})
 
-    def add(self, text: str) -> Event:
+    def add(self, text: str) -> list[Event]:
         self._pieces.append(text)
-        return _block_delta(self.index, {"type": "thinking_delta", "thinking": text})
+        if self._omitted:
+            return []
+        return [_block_delta(self.index, {"type": "thinking_delta", "thinking": text})]
 
     def close(self) -> list[Event]:
         signature = self._sign("".join(self._pieces), self.opaque)
@@ -163,8 +169,13 @@ class BlockMachine:
     """Deltas in, Anthropic events out, for one response."""
 
     def __init__(self, model: str, *, input_tokens: int, sign: Sign,
-                 message_id: str | None = None) -> None:
+                 message_id: str | None = None, stop_sequences: Sequence[str] = (),
+                 omit_thinking: bool = False) -> None:
+        """`stop_sequences`: the client's, matched in the text (conversion/stop_sequences.py);
+        once one matches, `stopped` is true and nothing after it is relayed.
+        `omit_thinking` (`thinking.display: "omitted"`): thinking blocks without their text."""
         self.model = model
+        self._omit_thinking = omit_thinking
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
         self._sign = sign
@@ -177,6 +188,10 @@ class BlockMachine:
         self._stop_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._streamed_chars = 0
+        self._stops = StopMatcher(stop_sequences) if stop_sequences else None
+        self._stop_sequence: str | None = None
+        self.stopped = False
+        """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 
     # ------------------------------------------------------------ public API
 
@@ -208,12 +223,14 @@ class BlockMachine:
 
     def finish(self) -> list[Event]:
         """Close everything and end the message: message_delta, then message_stop."""
-        events = self._close_all()
+        events: list[Event] = []
+        self._release_held(events)
+        events.extend(self._close_all())
         if self._next_index == 0 and self._held_whitespace:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
-        delta = {"stop_reason": self.stop_reason(), "stop_sequence": None}
+        delta = {"stop_reason": self.stop_reason(), "stop_sequence": self._stop_sequence}
         events.append({"type": "message_delta", "delta": delta, "usage": self.usage()})
         events.append({"type": "message_stop"})
         return events
@@ -225,6 +242,10 @@ class BlockMachine:
         return events
 
     def stop_reason(self) -> str:
+        """The upstream's reason; a tool call made is `tool_use`, unless the output limit
+        cut the answer (a cut tool call must not look complete) or a stop sequence ended it."""
+        if self._stop_reason in ("max_tokens", "stop_sequence"):
+            return self._stop_reason
         if self._tool_blocks:
             return "tool_use"
         reason = self._stop_reason or "end_turn"
@@ -250,14 +271,21 @@ class BlockMachine:
     # ------------------------------------------------------------ deltas
 
     def _apply(self, delta: Delta, events: list[Event]) -> None:
+        if self.stopped:
+            if isinstance(delta, Usage):
+                self._usage = delta.usage
+            return  # what the upstream said after the stop sequence is not the answer
+        if isinstance(delta, Text):
+            self._matched_text(delta.text, events)
+            return
+        if not isinstance(delta, Usage | UpstreamFailure):
+            self._release_held(events)  # other content, or the end: no sequence there
         if isinstance(delta, ReasoningText):
             self._streamed_chars += len(delta.text)
             if delta.visible:
                 self._add_thinking(delta.text, events)
             else:
                 logger.debug("removed %d characters of inline thinking", len(delta.text))
-        elif isinstance(delta, Text):
-            self._add_text(delta.text, events)
         elif isinstance(delta, ToolCall):
             self._add_tool_piece(delta, events)
         elif isinstance(delta, OpaqueReasoning):
@@ -265,9 +293,35 @@ class BlockMachine:
         elif isinstance(delta, Usage):
             self._usage = delta.usage
         elif isinstance(delta, Finish):
-            self._stop_reason = delta.stop_reason
+            self._finish_reason(delta)
         elif isinstance(delta, UpstreamFailure):
             raise error_from_payload(delta.error)
+
+    def _finish_reason(self, finish: Finish) -> None:
+        self._stop_reason = finish.stop_reason
+        stops = self._stops.sequences if self._stops is not None else ()
+        if finish.stop_sequence is not None and finish.stop_sequence in stops:
+            # The upstream stopped at one of the client's sequences and said which (vLLM).
+            self._stop_reason, self._stop_sequence = "stop_sequence", finish.stop_sequence
+
+    def _matched_text(self, text: str, events: list[Event]) -> None:
+        """Text through the stop-sequence matcher: what may be relayed goes out; a match
+        ends the answer there."""
+        if self._stops is None:
+            self._add_text(text, events)
+            return
+        relayed, sequence = self._stops.feed(text)
+        if relayed:
+            self._add_text(relayed, events)
+        if sequence is not None:
+            self.stopped = True
+            self._stop_reason, self._stop_sequence = "stop_sequence", sequence
+
+    def _release_held(self, events: list[Event]) -> None:
+        """Text held back as a possible start of a stop sequence, relayed after all."""
+        held = self._stops.flush() if self._stops is not None else ""
+        if held:
+            self._add_text(held, events)
 
     def _thinking_block(self, events: list[Event]) -> _ReasoningBlockState:
         """The open thinking block, or a new one (reasoning resuming after text or a tool
@@ -275,12 +329,13 @@ class BlockMachine:
         if not isinstance(self._open, _ReasoningBlockState):
             self._held_whitespace = ""
             events.extend(self._close_open())
-            self._open = _ReasoningBlockState(self._take_index(), self._sign)
+            self._open = _ReasoningBlockState(self._take_index(), self._sign,
+                                              omitted=self._omit_thinking)
             events.append(self._open.start())
         return self._open
 
     def _add_thinking(self, text: str, events: list[Event]) -> None:
-        events.append(self._thinking_block(events).add(text))
+        events.extend(self._thinking_block(events).add(text))
 
     def _add_text(self, text: str, events: list[Event]) -> None:
         """Text deltas; whitespace that would open a block alone is held until text follows,

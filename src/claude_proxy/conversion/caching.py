@@ -31,8 +31,9 @@ MAX_BREAKPOINTS = 4
 # TTLs OpenRouter passes to Anthropic; everywhere else the marker is just `ephemeral`.
 ANTHROPIC_TTLS = ("5m", "1h")
 # Profiles whose API takes `prompt_cache_key`, and hosts behind those profiles that refuse it
-# (unknown hosts fall back to the `openai` profile: Groq and Gemini answer 400 to the field).
-CACHE_KEY_PROFILES = frozenset({"openai", "azure", "openrouter"})
+# (unknown hosts get the `generic` profile, which sends it as `openai` does: Groq and Gemini
+# answer 400 to the field).
+CACHE_KEY_PROFILES = frozenset({"openai", "generic", "azure", "openrouter"})
 CACHE_KEY_REFUSING_HOSTS = ("groq.com", "googleapis.com")
 SYSTEM_REMINDER = ("<system-reminder>\n", "\n</system-reminder>")
 

@@ -56,9 +56,11 @@ class Usage:
 
 @dataclass(frozen=True)
 class Finish:
-    """The upstream said why it stopped, as an Anthropic stop reason."""
+    """The upstream said why it stopped, as an Anthropic stop reason; `stop_sequence` is
+    the string it stopped at when it says (vLLM's `stop_reason`, SGLang's `matched_stop`)."""
 
     stop_reason: str
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

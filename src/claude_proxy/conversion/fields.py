@@ -2,8 +2,8 @@
 with what the proxy does with it: translated, ignored because harmless, or refused.
 
 The rule: a field the proxy does not carry out is never swallowed when it changes what the
-client gets back; such a field is refused with a 400 the client can act on. The README's
-field table is rendered from `REQUEST_FIELDS` and `BETA_VALUES` (`markdown_tables()`), and
+client gets back; such a field is refused with a 400 the client can act on. The field
+table of docs/api.md is rendered from `REQUEST_FIELDS` and `BETA_VALUES` (`markdown_tables()`), and
 `tests/test_fields.py` has one test per row.
 
 Fields and beta values missing from the tables are let through and logged once per name at
@@ -34,7 +34,7 @@ class Treatment(StrEnum):
 class Rule:
     treatment: Treatment
     how: str
-    """What the proxy does with it, in one line (the README's last column)."""
+    """What the proxy does with it, in one line (the last column of docs/api.md)."""
 
 
 T, IGN, REF = Treatment.TRANSLATED, Treatment.IGNORED, Treatment.REFUSED
@@ -138,6 +138,38 @@ BETA_VALUES: dict[str, Rule] = {
     "compact-2026-09-04": Rule(REF, "see `compaction`"),
 }
 
+# Below the top level: members of the fields above that Claude Code 2.1.33x sends (recorded in
+# tests/data/fixtures/claude-code-2.1.332-*.json, or present in its client code), and its own
+# request headers. `tests/test_fields_members.py` has one test per row.
+MEMBER_FIELDS: dict[str, Rule] = {
+    "messages[].role: system": Rule(T, "a system message in the middle of the conversation "
+                                       "(Claude Code's environment and reminders) → a `system` "
+                                       "message in place; a model whose template takes one "
+                                       "system message only gets it as a `user` message "
+                                       "(learned from its 400)"),
+    "cache_control.scope": Rule(IGN, "who may share a cached prefix; the upstream marker is "
+                                     "`{\"type\": \"ephemeral\"}` (plus a known `ttl` on "
+                                     "OpenRouter's Anthropic models), never a scope"),
+    "tools[].defer_loading": Rule(T, "the tool is left out until a `tool_reference` block "
+                                     "in the conversation loads it"),
+    "tools[].input_examples": Rule(IGN, "example inputs for a tool; a Chat Completions "
+                                        "function has no such field, so its name, "
+                                        "description and schema go up"),
+    "thinking.display": Rule(T, "`omitted` (what Claude Code's subagents send): thinking "
+                                "blocks come without their text, which travels in the "
+                                "signature and goes back upstream as usual; `updates` and "
+                                "`summarized`: the upstream's reasoning streams as it "
+                                "arrives"),
+}
+HEADERS: dict[str, Rule] = {
+    "x-claude-code-session-id": Rule(T, "keys the session's `prompt_cache_key` and the "
+                                        "router's memory of the session's size"),
+    "x-claude-code-agent-id": Rule(IGN, "names the subagent a request comes from; each "
+                                        "request is translated on its own"),
+    "x-claude-code-parent-agent-id": Rule(IGN, "the subagent's parent; see "
+                                               "`x-claude-code-agent-id`"),
+}
+
 _NESTED = "output_config"
 
 
@@ -233,7 +265,7 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
 
 
 def markdown_tables() -> str:
-    """The README's field tables, rendered from the code's."""
+    """The field tables of docs/api.md, rendered from the code's."""
     return "\n".join([*_table("request field", REQUEST_FIELDS.items()), "",
                       *_table("`anthropic-beta` value", BETA_VALUES.items())])
 
@@ -244,5 +276,13 @@ def _table(title: str, rows: Iterable[tuple[str, Rule]]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields` prints the README tables
+def member_tables() -> str:
+    """The tables of members and headers (MEMBER_FIELDS, HEADERS)."""
+    return "\n".join([*_table("member", MEMBER_FIELDS.items()), "",
+                      *_table("header", HEADERS.items())])
+
+
+if __name__ == "__main__":  # `python -m claude_proxy.conversion.fields`: the tables of docs/api.md
     print(markdown_tables())
+    print()
+    print(member_tables())

@@ -290,7 +290,8 @@ class AssistantTurn:
 
 
 def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantTurn:
-    """Text and tool_use blocks become one assistant message; thinking is set aside."""
+    """Text and tool_use blocks become one assistant message; thinking is set aside (for
+    the reasoning layer to pass back)."""
     if isinstance(content, str):
         return AssistantTurn({"role": "assistant", "content": content})
     texts: list[Part] = []
@@ -308,7 +309,10 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
             texts.extend(part for part in _block_parts(block, "assistant")
                          if part["type"] == "text")
     if not texts and not tool_calls:
-        return AssistantTurn(None, thinking)
+        # A turn that only thought stays a turn (empty text, its reasoning passed back as
+        # configured): without it, two user messages would follow each other.
+        return AssistantTurn({"role": "assistant", "content": ""} if thinking else None,
+                             thinking)
     message: dict[str, Any] = {"role": "assistant",
                                "content": user_content(texts, keep_parts) if texts else None}
     if tool_calls:

@@ -26,10 +26,12 @@ _OLLAMA_EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "
 
 @dataclass(frozen=True)
 class ReasoningRequest:
-    """What the client wants: a level (None = off) and, if it gave one, a token budget."""
+    """What the client wants: a level (None = off) and, if it gave one, a token budget or
+    an effort in its own words (`max` and `xhigh` are more than `high` for Kimi K3)."""
 
     level: str | None
     budget: int | None = None
+    effort: str | None = None
 
 
 def level_for_budget(budget: int) -> str:
@@ -60,7 +62,9 @@ def requested_reasoning(request: dict[str, Any], settings: ProviderSettings) -> 
     # "adaptive" (what Claude Code sends to a custom base URL) and newer kinds.
     output_config = request.get("output_config")
     effort = output_config.get("effort") if isinstance(output_config, dict) else None
-    return ReasoningRequest(_EFFORT_ALIASES.get(str(effort), settings.reasoning_effort))
+    if isinstance(effort, str) and effort in _EFFORT_ALIASES:
+        return ReasoningRequest(_EFFORT_ALIASES[effort], effort=effort)
+    return ReasoningRequest(settings.reasoning_effort)
 
 
 def effective_reasoning(request: dict[str, Any], settings: ProviderSettings,
@@ -69,8 +73,9 @@ def effective_reasoning(request: dict[str, Any], settings: ProviderSettings,
     (older models cannot call functions while thinking)."""
     wanted = requested_reasoning(request, settings)
     if wanted.level is not None and has_tools and not settings.reasons_with_tools:
-        logger.debug("thinking turned off: the request has tools "
-                     "(set REASONING_WITH_TOOLS=true to keep it)")
+        logger.info("thinking turned off: the request has tools and profile %s does not "
+                    "think with tools (set REASONING_WITH_TOOLS=true to keep it)",
+                    settings.provider_name)
         return ReasoningRequest(None)
     return wanted
 
@@ -99,6 +104,12 @@ def dialect_parameters(dialect: Dialect, wanted: ReasoningRequest, *, provider: 
     if dialect == "chat_template_kwargs":
         # Qwen3 templates read enable_thinking; DeepSeek-V3.1 and Granite read thinking.
         return {"chat_template_kwargs": {"enable_thinking": on, "thinking": on}}
+    if dialect == "minimax":
+        # M2/M3 always reason; split, the reasoning comes as reasoning_details, not <think>.
+        return {"reasoning_split": True}
+    if dialect == "gemini":
+        # Gemini 3 cannot stop thinking (3.x Pro refuses "none"): off leaves the default.
+        return {"reasoning_effort": wanted.level} if on else {}
     return _effort_parameters(wanted, provider=provider, verbosity=verbosity)
 
 
@@ -130,11 +141,16 @@ def attach_passback(
     if field == "none":
         return
     for position, turn in turns:
-        text = "".join(block.get("thinking", "") for block in turn.thinking
-                       if block.get("type") == "thinking" and is_ours(block))
+        text = our_thinking(turn, is_ours)
         message = messages[position]
         if text or message.get("tool_calls"):
             message[field] = text
+
+
+def our_thinking(turn: AssistantTurn, is_ours: Callable[[dict[str, Any]], bool]) -> str:
+    """The text of a turn's thinking blocks that the proxy itself produced."""
+    return "".join(block.get("thinking", "") for block in turn.thinking
+                   if block.get("type") == "thinking" and is_ours(block))
 
 
 def attach_opaque_details(
@@ -155,3 +171,29 @@ def attach_opaque_details(
             messages[position]["reasoning_details"] = entries
             attached = True
     return attached
+
+
+TOOL_CALL_EXTRA = "tool_call.extra_content"
+"""The opaque item that keeps a tool call's `extra_content` (Gemini's thought signature)."""
+
+
+def tool_call_extra(call_id: str, extra_content: dict[str, Any]) -> dict[str, Any]:
+    return {"type": TOOL_CALL_EXTRA, "id": call_id, "extra_content": extra_content}
+
+
+def attach_tool_call_extras(messages: list[dict[str, Any]],
+                            turns: list[tuple[int, AssistantTurn]], opaque_for: OpaqueFor) -> None:
+    """Put each kept `extra_content` back on the tool call it came with (by the upstream's
+    call id; the turn's first call when the id is gone). Always, even for a model that
+    refused the reasoning fields: Gemini 3 refuses a tool-call turn without its signature."""
+    for position, turn in turns:
+        items = [item for block in turn.thinking if block.get("type") == "thinking"
+                 for item in opaque_for(block) if item.get("type") == TOOL_CALL_EXTRA]
+        calls = [call for call in messages[position].get("tool_calls") or []
+                 if isinstance(call, dict)]
+        for item in items:
+            extra = item.get("extra_content")
+            if not isinstance(extra, dict) or not calls:
+                continue
+            call = next((c for c in calls if c.get("id") == item.get("id")), calls[0])
+            call["extra_content"] = extra

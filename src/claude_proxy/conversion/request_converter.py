@@ -10,6 +10,12 @@ from typing import Any, Literal
 
 from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
 from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
+from claude_proxy.conversion.dialects import (
+    attach_reasoning_details,
+    for_provider,
+    provider_fields,
+    sign_gemini_history,
+)
 from claude_proxy.conversion.messages import (
     AssistantTurn,
     Part,
@@ -23,14 +29,17 @@ from claude_proxy.conversion.reasoning import (
     OpaqueFor,
     attach_opaque_details,
     attach_passback,
+    attach_tool_call_extras,
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.stop_sequences import STOP_REPORTING_PROFILES
 from claude_proxy.conversion.structured import (
     StructuredMode,
     apply_structured_output,
     requested_schema,
 )
+from claude_proxy.conversion.text_tool_calls import declared_tools
 from claude_proxy.conversion.tool_groups import (
     disabled_groups,
     groups_with_extensions,
@@ -47,7 +56,7 @@ logger = logging.getLogger("claude_proxy.conversion")
 _TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 # Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
 # APIs of the others have no such field.
-TOP_K_PROFILES = frozenset({"vllm", "ollama"})
+TOP_K_PROFILES = frozenset({"vllm", "llamacpp", "ollama"})
 
 
 def map_model(requested: str, settings: ProviderSettings) -> str:
@@ -131,6 +140,9 @@ class UpstreamRequest:
     inline `<think>` text is removed from the answer when it is not."""
     think_tags: bool = False
     """Split `<think>` tags out of the content of this model's answer."""
+    text_tools: dict[str, Any] | None = None
+    """The declared tools (name → parameters schema) when this model's tool calls written
+    as text are to become tool calls (TEXT_TOOL_CALL_PREFIXES)."""
     buffered: bool = False
     """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
     api: Literal["chat", "responses"] = "chat"
@@ -185,12 +197,20 @@ def convert_request(
     else:
         result.extras, result.thinking = apply_reasoning_parameters(body, request, settings)
         passback = settings.passback
-        attach_passback(messages, assistant_turns, passback, is_ours)
+        if passback == "reasoning_details":
+            attach_reasoning_details(messages, assistant_turns, is_ours)
+        else:
+            attach_passback(messages, assistant_turns, passback, is_ours)
         if passback != "none" and any(passback in message for message in messages):
             result.extras[passback] = "<history>"
         if attach_opaque_details(messages, assistant_turns, opaque_for):
             result.extras["reasoning_details"] = "<history>"
+    attach_tool_call_extras(messages, assistant_turns, opaque_for)
+    if settings.dialect == "gemini":
+        sign_gemini_history(messages)
     result.think_tags = matches_prefix(model, settings.think_tag_models)
+    if body.get("tools") and matches_prefix(model, settings.text_tool_call_models):
+        result.text_tools = declared_tools(body)
     apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
     return result
 
@@ -205,7 +225,8 @@ def apply_reasoning_parameters(
     (Azure among them) reject fields they do not know.
     """
     model = body["model"]
-    wanted = effective_reasoning(request, settings, "tools" in body)
+    wanted = for_provider(effective_reasoning(request, settings, "tools" in body), body,
+                          settings.provider_name)
     on = wanted.level is not None
     is_reasoning_model = matches_prefix(model, settings.model_prefixes)
     if not is_reasoning_model and not matches_prefix(model, settings.chat_prefixes):
@@ -220,6 +241,8 @@ def apply_reasoning_parameters(
         dialect = settings.dialect
     extras = dialect_parameters(dialect, wanted, provider=settings.provider_name,
                                 verbosity=settings.reasoning_verbosity)
+    if not is_reasoning_model:
+        extras = provider_fields(extras, wanted, provider=settings.provider_name, model=model)
     body.update(extras)
     if on:
         limit_key = "max_completion_tokens" if is_reasoning_model else "max_tokens"
@@ -252,8 +275,8 @@ def _copy_sampling(request: dict[str, Any], body: dict[str, Any],
         if request.get(name) is not None:
             body[name] = request[name]
     stop = request.get("stop_sequences")
-    if stop:
-        body["stop"] = list(stop)
+    if stop and settings.provider_name in STOP_REPORTING_PROFILES:
+        body["stop"] = list(stop)  # elsewhere the proxy matches them (stop_sequences.py)
     metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         body["user"] = anonymous_user(metadata["user_id"])

@@ -10,7 +10,7 @@ Message these events add up to.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -51,16 +51,23 @@ class StreamConverter(BlockMachine):
         think_tags: bool = False,
         leading_think_tags: bool = False,
         show_inline_thinking: bool = True,
+        text_tools: dict[str, Any] | None = None,
+        omit_thinking: bool = False,
         parser: WireParser | None = None,
+        stop_sequences: Sequence[str] = (),
     ) -> None:
         """`think_tags` splits `<think>` sections out of the content, `leading_think_tags`
         only content that starts with one; with `show_inline_thinking` False (the client
-        turned thinking off) they are removed. `parser` replaces the Chat Completions parser
-        (the Responses API)."""
-        super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id)
+        turned thinking off) they are removed. `text_tools` (the declared tools) turns tool
+        calls written as text into tool calls. `parser` replaces the Chat Completions parser
+        (the Responses API). `stop_sequences`: the client's, matched in the text.
+        `omit_thinking` (`thinking.display: "omitted"`) sends thinking blocks without their
+        text, which `sign` keeps in the signature."""
+        super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
+                         stop_sequences=stop_sequences, omit_thinking=omit_thinking)
         self.parser: WireParser = parser or ChatCompletionsParser(
             think_tags=think_tags, leading_think_tags=leading_think_tags,
-            show_inline_thinking=show_inline_thinking)
+            show_inline_thinking=show_inline_thinking, text_tools=text_tools)
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""
@@ -82,6 +89,8 @@ def convert_chunks(
     events = converter.start()
     for chunk in chunks:
         events.extend(converter.feed(chunk))
+        if converter.stopped:
+            break
     events.extend(converter.finish())
     return events
 

@@ -10,10 +10,12 @@ produced it: the provider, the upstream model and a fingerprint of the upstream 
 
 `envelope` is the JSON `{"p": provider, "m": model, "k": key fingerprint, "o": [items]}`,
 zlib-compressed, base64url; `mac` is an HMAC-SHA256, under a per-installation secret, of the
-compressed envelope and the thinking text. A block whose signature verifies is the proxy's own
-(its text may go back upstream per REASONING_PASSBACK); its opaque items go back only to the
-same provider, model and key. Anything else (a real Anthropic signature, a tampered or foreign
-envelope) is dropped, never forwarded.
+compressed envelope and the thinking text. A block shown without its text (the client asked
+for `thinking.display: "omitted"`) carries the text in the envelope (`"t"`), and its mac
+covers the empty text the client holds; `restore_hidden` puts the text back. A block whose
+signature verifies is the proxy's own (its text may go back upstream per REASONING_PASSBACK);
+its opaque items go back only to the same provider, model and key. Anything else (a real
+Anthropic signature, a tampered or foreign envelope) is dropped, never forwarded.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Envelope:
 
     origin: Origin
     opaque: list[dict[str, Any]] = field(default_factory=list)
+    hidden: str | None = None
+    """The thinking text of a block shown without it (`display: "omitted"`)."""
 
 
 def _b64(data: bytes) -> str:
@@ -79,13 +83,31 @@ class ThinkingSigner:
         return known
 
     def sign(self, thinking: str, opaque: list[dict[str, Any]] | None = None, /, *,
-             origin: Origin | None = None) -> str:
+             origin: Origin | None = None, hidden: bool = False) -> str:
+        """The signature of a block with this text; `hidden`: of a block the client is shown
+        empty, the text kept inside."""
         who = origin or Origin()
         envelope: dict[str, Any] = {"p": who.provider, "m": who.model, "k": who.key}
         if opaque:
             envelope["o"] = opaque
+        if hidden:
+            envelope["t"] = thinking
         packed = zlib.compress(orjson.dumps(envelope), 9)
-        return f"{_PREFIX}{_b64(packed)}.{_b64(self._mac(packed, thinking))}"
+        shown = "" if hidden else thinking
+        return f"{_PREFIX}{_b64(packed)}.{_b64(self._mac(packed, shown))}"
+
+    def restore_hidden(self, block: dict[str, Any]) -> dict[str, Any]:
+        """A thinking block shown empty (`display: "omitted"`) with its text back and an
+        ordinary signature; any other block unchanged."""
+        signature = block.get("signature")
+        if block.get("thinking") or not isinstance(signature, str) or not signature:
+            return block
+        envelope = self.verify("", signature)
+        if envelope is None or envelope.hidden is None:
+            return block
+        return {**block, "thinking": envelope.hidden,
+                "signature": self.sign(envelope.hidden, envelope.opaque,
+                                       origin=envelope.origin)}
 
     def verify(self, thinking: str, signature: str) -> Envelope | None:
         """The envelope of a signature this proxy made for exactly this text, else None."""
@@ -118,4 +140,29 @@ def _open(packed: bytes) -> Envelope | None:
     opaque = data.get("o")
     items = [item for item in opaque if isinstance(item, dict)] if isinstance(opaque, list) else []
     origin = Origin(str(data.get("p", "")), str(data.get("m", "")), str(data.get("k", "")))
-    return Envelope(origin, items)
+    hidden = data.get("t")
+    return Envelope(origin, items, hidden if isinstance(hidden, str) else None)
+
+
+def restore_hidden_thinking(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any]:
+    """The request with each thinking block the client was shown empty (`display:
+    "omitted"`) given its text back, so the rest of the pipeline sees an ordinary block of
+    ours; the body itself when there is none."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return body
+    restored = [_restored_message(message, signer) for message in messages]
+    if all(new is old for new, old in zip(restored, messages, strict=True)):
+        return body
+    return {**body, "messages": restored}
+
+
+def _restored_message(message: Any, signer: ThinkingSigner) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return message
+    blocks = [signer.restore_hidden(block) if isinstance(block, dict)
+              and block.get("type") == "thinking" else block for block in content]
+    if all(new is old for new, old in zip(blocks, content, strict=True)):
+        return message
+    return {**message, "content": blocks}

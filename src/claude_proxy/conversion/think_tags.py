@@ -17,7 +17,7 @@ Piece = tuple[Kind, str]
 TAG_PAIRS: tuple[tuple[str, str], ...] = (("<think>", "</think>"), ("◁think▷", "◁/think▷"))
 
 
-def _held_suffix(text: str, tags: tuple[str, ...]) -> int:
+def held_suffix(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest end of `text` that could be the start of one of `tags`."""
     longest = 0
     for tag in tags:
@@ -89,7 +89,7 @@ class ThinkTagSplitter:
         tags = self._tags_of_interest()
         found = min(((text.find(tag), tag) for tag in tags if tag in text), default=None)
         if found is None:
-            keep = _held_suffix(text, tags)
+            keep = held_suffix(text, tags)
             emitted = text[: len(text) - keep]
             self._held = text[len(text) - keep:]
             if emitted:

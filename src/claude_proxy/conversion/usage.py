@@ -1,8 +1,8 @@
 """OpenAI usage → Anthropic usage, and character-based estimates when there is none.
 
-Cache reads and writes come back in a different place per upstream (see README "Prompt
-caching"); Anthropic's `input_tokens` excludes both, and Claude Code adds the three up to know
-how full the context is.
+Cache reads and writes come back in a different place per upstream (see docs/caching.md);
+Anthropic's `input_tokens` excludes both, and Claude Code adds the three up to know how full
+the context is.
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ from typing import Any
 
 from claude_proxy.routing.config import ROUTE_NAMES
 from claude_proxy.routing.providers import Provider
-from claude_proxy.routing.router import Router
+from claude_proxy.routing.router import Router, asked_route
 
 
 def model_ids(router: Router, providers: Mapping[str, Provider]) -> list[str]:
-    """Every router entry, then every provider's configured models, as `PROVIDER,MODEL`."""
-    ids: list[str] = []
+    """The route ids (`route:default`, …: what `claude-proxy claude` gives Claude Code), then
+    every router entry and every provider's configured models, as `PROVIDER,MODEL`."""
+    ids: list[str] = router.route_ids()
     for name in (*ROUTE_NAMES, "fallback"):
         candidates = router.route(name) if name != "fallback" else router.fallbacks()
         ids.extend(f"{c.provider},{c.model}" for c in candidates)
@@ -27,7 +28,9 @@ def model_ids(router: Router, providers: Mapping[str, Provider]) -> list[str]:
 
 def model_entry(model_id: str, created: datetime) -> dict[str, Any]:
     provider, _, model = model_id.partition(",")
-    return {"type": "model", "id": model_id, "display_name": f"{model} ({provider})",
+    asked = asked_route(model_id)
+    shown = f"{model} ({provider})" if asked is None else f"claude-proxy route {asked}"
+    return {"type": "model", "id": model_id, "display_name": shown,
             "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
@@ -41,8 +44,10 @@ NO_CACHE_USE = {"prompt_tokens": 0, "cache_read_tokens": 0, "cache_hit_ratio": 0
 
 
 def health_detail(providers: Mapping[str, Provider],
-                  cache: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Each provider's breaker state and prompt-cache hit ratio (`metrics.CacheStats`).
+                  cache: Mapping[str, dict[str, Any]] | None = None,
+                  windows: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each provider's breaker state, prompt-cache hit ratio (`metrics.CacheStats`) and
+    its models' context windows with where each came from (`discovery.windows`).
     Kept per process: the answer says which one."""
     detail: dict[str, Any] = {}
     for name, provider in providers.items():
@@ -51,6 +56,7 @@ def health_detail(providers: Mapping[str, Provider],
         snapshot["cooling_until"] = (None if until is None else datetime.fromtimestamp(
             until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         detail[name] = {"profile": provider.settings.provider_name, **snapshot,
-                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE)}
+                        "prompt_cache": (cache or {}).get(name, NO_CACHE_USE),
+                        "models": (windows or {}).get(name, {})}
     return {"scope": f"this process only (pid {os.getpid()}); other workers or replicas "
                      "keep their own state", "providers": detail}

@@ -38,8 +38,9 @@ from claude_proxy.routing.model_facts import FACT_KEYS, ModelTable
 
 logger = logging.getLogger("claude_proxy.config")
 
-ROUTE_NAMES = ("default", "background", "think", "long_context", "image", "web_search")
-KEYLESS_PROFILES = frozenset({"ollama", "vllm"})
+ROUTE_NAMES = ("default", "background", "think", "long_context", "image", "web_search",
+               "subagent")
+KEYLESS_PROFILES = frozenset({"ollama", "vllm", "llamacpp"})
 SECRET_FROM_ENV = "env:"
 FILE_PROVIDER_RETRIES = 1
 """A provider's own retries stay small: failover and Claude Code (10 tries) retry too."""
@@ -60,6 +61,8 @@ class RouterSettings(BaseModel):
     long_context: list[str] | None = None
     image: list[str] | None = None
     web_search: list[str] | None = None
+    subagent: list[str] | None = None
+    """Requests of Claude Code's subagents (the `x-claude-code-agent-id` header)."""
     long_context_threshold: int = Field(default=60000, ge=1)
     fallback: list[str] = Field(default_factory=list)
     cooldown_failures: int = Field(default=3, ge=1)

@@ -9,9 +9,15 @@ match wins:
 3. `long_context`: the estimated input (or the session's previous turn) over the threshold;
 4. `web_search`: a `web_search_*` server tool;
 5. `think`: adaptive thinking at effort xhigh/max, or `ultrathink` in the last user text;
-6. `background`: a model name containing `haiku`;
-7. `default`; with no `[router]` table, opus/sonnet/haiku → BIG/MIDDLE/SMALL of the first
+6. `subagent`: a request of one of Claude Code's subagents (`x-claude-code-agent-id`);
+7. `background`: a model name containing `haiku`;
+8. `default`; with no `[router]` table, opus/sonnet/haiku → BIG/MIDDLE/SMALL of the first
    provider, other names unchanged.
+
+A model id `route:NAME` (what `claude-proxy claude` gives Claude Code) asks for the route NAME
+by name: the rules above still apply first, so a long or illustrated request still goes where
+such requests go. Without a `[router]` table, `route:big`, `route:middle` and `route:small`
+name the first provider's BIG/MIDDLE/SMALL_MODEL.
 
 Every route then fails over through its own list and the `fallback` list.
 """
@@ -21,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from claude_proxy.config import ProviderSettings
 from claude_proxy.conversion.request_converter import map_model
@@ -31,6 +37,11 @@ from claude_proxy.routing.config import ROUTE_NAMES, RouterSettings
 _CONTEXT_SUFFIX = re.compile(r"\[1m\]$", re.IGNORECASE)
 _THINK_EFFORTS = frozenset({"xhigh", "max"})
 _MEDIA_BLOCKS = frozenset({"image", "document"})
+ROUTE_ID_PREFIX = "route:"
+"""Model ids that name a route rather than a model (`route:default`, `route:background`)."""
+Tier = Literal["big", "middle", "small"]
+TIERS: tuple[Tier, ...] = ("big", "middle", "small")
+"""Without a `[router]` table, the route ids name the first provider's model tiers."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,18 @@ class Candidate:
 def client_model_name(model: str) -> str:
     """The requested model without Claude Code's `[1m]` context marker."""
     return _CONTEXT_SUFFIX.sub("", model.strip())
+
+
+def route_id(name: str) -> str:
+    """The model id that asks for the route (or, without a `[router]`, the tier) `name`."""
+    return ROUTE_ID_PREFIX + name
+
+
+def asked_route(model: str) -> str | None:
+    """The route a `route:NAME` model id asks for, else None."""
+    if model[:len(ROUTE_ID_PREFIX)].lower() != ROUTE_ID_PREFIX:
+        return None
+    return model[len(ROUTE_ID_PREFIX):].strip().lower()
 
 
 class Router:
@@ -70,15 +93,38 @@ class Router:
         return None
 
     def candidates(self, body: dict[str, Any], estimated_tokens: int,
-                   previous_tokens: int | None = None) -> list[Candidate]:
-        """The candidates in the order to try them, without repeats."""
+                   previous_tokens: int | None = None,
+                   subagent: bool = False) -> list[Candidate]:
+        """The candidates in the order to try them, without repeats. `subagent`: the request
+        came from one of Claude Code's subagents."""
         model = client_model_name(str(body["model"]))
         chosen = self.explicit(model)
         if chosen is not None:
             found = [Candidate(chosen[0], chosen[1], "explicit")]
         else:
-            found = self._by_rules(body, model, estimated_tokens, previous_tokens)
+            asked = asked_route(model)
+            if asked is not None:
+                self.check_route_id(asked)
+            found = self._by_rules(body, model, estimated_tokens, previous_tokens, subagent,
+                                   asked)
         return _unique(found + self.fallbacks())
+
+    def route_ids(self) -> list[str]:
+        """The `route:NAME` ids worth offering: `route:default` and each other configured
+        route, or without a `[router]` table the three model tiers."""
+        if self.settings is None:
+            return [route_id(tier) for tier in TIERS]
+        return [route_id("default"), *(route_id(name) for name in self.route_names()
+                                       if name != "default")]
+
+    @staticmethod
+    def check_route_id(asked: str) -> None:
+        """A `route:NAME` that names no route or tier is the client's mistake (400), never a
+        model name sent upstream."""
+        if asked not in (*ROUTE_NAMES, *TIERS):
+            raise ProxyError(400, f"model {route_id(asked)!r} names no route of this proxy; "
+                                  f"routes: {', '.join(ROUTE_NAMES)}; tiers: "
+                                  f"{', '.join(TIERS)}")
 
     def route(self, name: str) -> list[Candidate]:
         """A named route's candidates (empty when the route is not configured)."""
@@ -96,28 +142,36 @@ class Router:
         return [name for name in ROUTE_NAMES if self.route(name)]
 
     def _by_rules(self, body: dict[str, Any], model: str, estimated_tokens: int,
-                  previous_tokens: int | None) -> list[Candidate]:
+                  previous_tokens: int | None, subagent: bool = False,
+                  asked: str | None = None) -> list[Candidate]:
         settings = self.settings
         if settings is None:
-            return [Candidate(self.first, map_model(model, self.providers[self.first]),
-                              "default")]
+            return [self._first_provider(model, asked)]
         threshold = settings.long_context_threshold
         checks: tuple[tuple[str, Callable[[], bool]], ...] = (
             ("image", lambda: has_media_in_last_user_turn(body)),
             ("long_context", lambda: max(estimated_tokens, previous_tokens or 0) > threshold),
             ("web_search", lambda: has_web_search_tool(body)),
             ("think", lambda: wants_hard_thinking(body)),
+            ("subagent", lambda: subagent),
             ("background", lambda: "haiku" in model.lower()),
         )
         for name, applies in checks:
             route = self.route(name)
-            if route and applies():
+            if route and (applies() or asked == name):
                 return route
         default = self.route("default")
         if default:
             return default
+        return [self._first_provider(model, asked)]
+
+    def _first_provider(self, model: str, asked: str | None) -> Candidate:
+        """The opus/sonnet/haiku (or route id) mapping onto the first provider's tiers."""
         first = self.providers[self.first]
-        return [Candidate(self.first, map_model(model, first), "default")]
+        if asked is None:
+            return Candidate(self.first, map_model(model, first), "default")
+        tier = next((t for t in TIERS if t == asked), "small" if asked == "background" else "big")
+        return Candidate(self.first, first.model_for_tier(tier), "default")
 
     def _parse(self, name: str, entries: list[str]) -> list[Candidate]:
         parsed = []

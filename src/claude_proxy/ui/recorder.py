@@ -161,6 +161,8 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "provider": provider,
         "model": model,
         "route": record.route,
+        "session": record.session,
+        "agent": record.agent,
         "failover": list(record.failover),
         "status": record.status,
         "stream": record.stream,

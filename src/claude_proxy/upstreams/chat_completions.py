@@ -25,6 +25,9 @@ from claude_proxy.conversion.deltas import (
     UpstreamFailure,
     Usage,
 )
+from claude_proxy.conversion.reasoning import tool_call_extra
+from claude_proxy.conversion.text_tool_calls import Piece as TextPiece
+from claude_proxy.conversion.text_tool_calls import Schema, TextToolCallSplitter
 from claude_proxy.conversion.think_tags import TAG_PAIRS, Piece, ThinkTagSplitter
 from claude_proxy.conversion.usage import find_usage
 
@@ -128,6 +131,16 @@ class DetailsMerger:
         return [OpaqueReasoning(entry) for entry in entries if is_opaque_detail(entry)]
 
 
+def matched_stop(choice: dict[str, Any]) -> str | None:
+    """The stop string a server says it stopped at: vLLM's `stop_reason` (a token id there
+    is not a string), SGLang's `matched_stop`."""
+    for name in ("stop_reason", "matched_stop"):
+        value = choice.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 @dataclass
 class _Slot:
     key: int
@@ -159,11 +172,15 @@ class ChatCompletionsParser:
     content; otherwise, with `leading_think_tags`, content that starts with a tag in a
     response with no reasoning field is split too (what the proxy does for every model).
     `show_inline_thinking` False (the client turned thinking off) removes that text.
+    `text_tools` (TEXT_TOOL_CALL_PREFIXES matched; the request's declared tools) turns tool
+    calls written as text into tool calls (`conversion/text_tool_calls.py`).
     """
 
     def __init__(self, *, think_tags: bool = False, leading_think_tags: bool = False,
-                 show_inline_thinking: bool = True) -> None:
+                 show_inline_thinking: bool = True,
+                 text_tools: dict[str, Schema] | None = None) -> None:
         self._think_tags = think_tags
+        self._text_calls = TextToolCallSplitter(text_tools) if text_tools else None
         self._show_inline_thinking = show_inline_thinking
         self._splitter: ThinkTagSplitter | None = None
         self._sniffer = _ThinkSniffer() if leading_think_tags and not think_tags else None
@@ -190,7 +207,7 @@ class ChatCompletionsParser:
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             deltas.extend(self._details.take_opaque())
-            deltas.append(Finish(STOP_REASONS.get(reason, "end_turn")))
+            deltas.append(Finish(STOP_REASONS.get(reason, "end_turn"), matched_stop(choice)))
         return deltas
 
     def flush(self) -> list[Delta]:
@@ -198,6 +215,7 @@ class ChatCompletionsParser:
         deltas = self._undecided_text()
         if self._splitter is not None:
             deltas.extend(self._pieces(self._splitter.flush()))
+        deltas = self._text_tool_calls(deltas, final=True)
         deltas.extend(self._details.take_opaque())
         return deltas
 
@@ -215,11 +233,12 @@ class ChatCompletionsParser:
             # Opaque reasoning belongs to the thinking that this content closes.
             deltas.extend(self._details.take_opaque())
         if isinstance(content, str) and content:
-            deltas.extend(self._content(content))
+            deltas.extend(self._text_tool_calls(self._content(content)))
         if isinstance(tool_calls, list):
-            deltas.extend(self._undecided_text())
+            deltas.extend(self._text_tool_calls(self._undecided_text(), final=True))
             for fragment in tool_calls:
                 if isinstance(fragment, dict):
+                    deltas.extend(_tool_call_extra(fragment))
                     deltas.append(self._tool_piece(fragment))
 
     def _content(self, content: str) -> list[Delta]:
@@ -245,6 +264,35 @@ class ChatCompletionsParser:
             return [Text(held)]
         self._splitter = ThinkTagSplitter()
         return self._pieces(self._splitter.feed(held))
+
+    def _text_tool_calls(self, deltas: list[Delta], *, final: bool = False) -> list[Delta]:
+        """The text deltas through the text tool-call splitter (when on); `final` ends what
+        it holds (the stream ended, or real tool calls began)."""
+        splitter = self._text_calls
+        if splitter is None:
+            return deltas
+        out: list[Delta] = []
+        for delta in deltas:
+            if isinstance(delta, Text):
+                out.extend(self._from_text_pieces(splitter.feed(delta.text)))
+            else:
+                out.append(delta)
+        if final:
+            out.extend(self._from_text_pieces(splitter.flush()))
+        return out
+
+    def _from_text_pieces(self, pieces: list[TextPiece]) -> list[Delta]:
+        out: list[Delta] = []
+        for piece in pieces:
+            if piece[0] == "text":
+                out.append(Text(piece[1]))
+                continue
+            call = piece[1]
+            key = self._next_key
+            self._next_key += 1
+            out.append(ToolCall(key, name=call.name,
+                                arguments=orjson.dumps(call.arguments).decode()))
+        return out
 
     def _undecided_text(self) -> list[Delta]:
         """Content held while it might still open a tag, as text: a tool call or the end
@@ -290,6 +338,17 @@ class ChatCompletionsParser:
         return slot.key
 
 
+def _tool_call_extra(fragment: dict[str, Any]) -> list[Delta]:
+    """A tool call's `extra_content` (Gemini's `google.thought_signature`), kept whole with
+    the call's id: the upstream wants it back on that call next turn, the user never sees
+    it. It travels in the signature of the (empty) thinking block opened before the call."""
+    extra = fragment.get("extra_content")
+    if not isinstance(extra, dict) or not extra:
+        return []
+    call_id = fragment.get("id")
+    return [OpaqueReasoning(tool_call_extra(call_id if isinstance(call_id, str) else "", extra))]
+
+
 def buffered_chunks(response: Chunk) -> Iterator[Chunk]:
     """Cut one JSON completion into stream chunks: reasoning first (under
     `reasoning_content`, with the opaque `reasoning_details` entries), then content, then tool
@@ -314,7 +373,11 @@ def buffered_chunks(response: Chunk) -> Iterator[Chunk]:
         if isinstance(call, dict):
             yield _chunk({"tool_calls": [{**call, "index": index}]})
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    final: Chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    final_choice: Chunk = {"index": 0, "delta": {}, "finish_reason": finish}
+    stop = matched_stop(choice) if isinstance(choice, dict) else None
+    if stop is not None:
+        final_choice["stop_reason"] = stop
+    final: Chunk = {"choices": [final_choice]}
     if isinstance(response.get("usage"), dict):
         final["usage"] = response["usage"]
     yield final

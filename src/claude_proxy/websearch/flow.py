@@ -321,9 +321,10 @@ class SearchFlow:
         logger.warning("web search requested but %s: answering `unavailable`; to search, %s",
                        "WEB_SEARCH=off for this provider" if plan.mode == "off"
                        else "no search backend is configured", TURN_ON_SEARCH)
-        query = plan.side_query if plan.side_query is not None else last_user_text(plan.body)
-        self._add_search(reply, Search(query[:MAX_QUERY_CHARS], error="unavailable",
-                                       source="none"))
+        # The side query whole (what the client asked); a whole user turn is cut to the limit.
+        query = (plan.side_query if plan.side_query is not None
+                 else last_user_text(plan.body)[:MAX_QUERY_CHARS])
+        self._add_search(reply, Search(query, error="unavailable", source="none"))
 
     def _add_search(self, reply: Reply, search: Search) -> None:
         reply.searches.append(search)
@@ -399,7 +400,9 @@ class SearchFlow:
             error = "max_uses_exceeded"
         assert self.backend is not None
         if error is not None:
-            search = Search(text[:MAX_QUERY_CHARS], error=error, source=self.backend.name)
+            # The query as the client asked it, whole: a `query_too_long` next to a query
+            # cut to the limit would contradict itself.
+            search = Search(text, error=error, source=self.backend.name)
             self._log(search, 0.0)
             return search
         started = time.perf_counter()

@@ -111,6 +111,11 @@ function rowMatches(row) {
   return true;
 }
 
+function sessionTitle(row) {
+  const agent = row.agent && row.agent !== "-" ? `subagent ${row.agent}` : "main loop (no agent id)";
+  return `session ${row.session || "-"} · ${agent}`;
+}
+
 function rowElement(row) {
   const failover = row.failover && row.failover.length
     ? el("span", { class: "failover", title: "failover: " + [...row.failover, row.provider].join(" → "),
@@ -125,6 +130,8 @@ function rowElement(row) {
       el("span", { class: "c-provider-name", text: row.provider }), " · ",
       el("span", { class: "c-model", text: row.model }), failover),
     el("td", { class: "c-route", text: row.route }),
+    el("td", { class: "c-session mono", title: sessionTitle(row) }, (row.session || "-").slice(0, 8),
+      row.agent && row.agent !== "-" ? el("span", { class: "agent", text: " · " + row.agent.slice(0, 6) }) : null),
     el("td", {}, el("span", { class: "c-status " + statusClass(row.status), text: row.status }), retries),
     el("td", { class: "c-stream", text: row.stream ? "stream" : "json" }),
     el("td", { class: "num c-ttfb", text: millis(row.ttfb) }),
@@ -422,6 +429,7 @@ function renderInspector(id, view) {
     parts.push(section("Summary", el("dl", { class: "facts" },
       fact("client model", row.client_model), fact("provider · model", `${row.provider} · ${row.model}`),
       fact("route", row.route + (row.failover.length ? ` (failover ${[...row.failover, row.provider].join(" → ")})` : "")),
+      fact("session · agent", sessionTitle(row)),
       fact("status", row.status, statusClass(row.status)),
       fact("kind", row.stream ? "stream" : "json"), fact("first byte", millis(row.ttfb)), fact("total", millis(row.total)),
       fact("stop reason", row.stop || "–"),
