@@ -11,8 +11,9 @@ Modes (`close`):
 
 Its replies are llama.cpp's (tests/data ... /work/shared/transcripts/llamacpp): a plain answer, a
 streamed answer with `reasoning_content`, and the 500 a server started without `--jinja` sends
-for `tools` (with the `Connection: close` it really sends). `answered` counts the requests it
-answered, `dropped` those it closed the connection on instead.
+for `tools` (with the `Connection: close` it really sends); anything but a chat completion
+(discovery's `/props`, `/models`) gets a 404. `answered` counts the completions it answered,
+`dropped` those it closed the connection on instead.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ NO_JINJA = (b"HTTP/1.1 500 Internal Server Error\r\nServer: llama.cpp\r\n"
             b"Content-Length: 90\r\nConnection: close\r\n\r\n"
             b'{"error":{"code":500,"message":"tools param requires --jinja flag",'
             b'"type":"server_error"}}')
+NOT_FOUND = (b"HTTP/1.1 404 Not Found\r\nServer: llama.cpp\r\nContent-Type: application/json; "
+             b"charset=utf-8\r\nContent-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\n{}")
 HEAD = (b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\n"
         b"Keep-Alive: timeout=5, max=100\r\n")
 
@@ -67,6 +70,7 @@ class ClosingUpstream:
         self.close = close
         self.answered = 0
         self.dropped = 0
+        self.others = 0
         self.connections = 0
         self.bodies: list[dict[str, Any]] = []
         self._sock = bind_loopback()
@@ -111,7 +115,12 @@ class ClosingUpstream:
                     return
                 length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
-                body = json.loads(await reader.readexactly(length))
+                content = await reader.readexactly(length)
+                if not head.startswith(b"POST ") or b"/chat/completions " not in head:
+                    writer.write(NOT_FOUND)  # discovery (/props, /models): nothing to say
+                    self.others += 1
+                    continue
+                body = json.loads(content)
                 reply = self.reply_for(body)
                 self.bodies.append(body)
                 writer.write(reply)

@@ -56,7 +56,10 @@ def test_doctor_report_is_the_same_in_every_run(closing: ClosingUpstream) -> Non
         "    model exists   ok",
         "    reasoning      ok    sent no reasoning fields for this model; text in "
         "reasoning_content (11 chars)",
-        "    tools          FAIL  rejected (500: tools param requires --jinja flag)",
+        "    tools          FAIL  rejected (400: the upstream server cannot take this request as"
+        " it is set up: tools param requires --jinja flag (500). To fix: start llama-server with"
+        " --jinja (tools are rendered by the chat template only then).)",
+        f"  generic,{MODEL} window unknown (no pre-flight; set context_window)",
         "Claude Code will NOT work yet: fix the FAIL lines above.",
     ], "\n".join(lines)
     assert closing.answered == 20 * 3
