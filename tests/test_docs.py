@@ -28,7 +28,10 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
-               "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py"}
+               "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py",
+               **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
+                  for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
+                               "SSL_CERT_FILE", "SSL_CERT_DIR")}}
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
