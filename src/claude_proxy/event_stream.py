@@ -7,9 +7,8 @@ cancel scope per event (about twice the server CPU per event, and 16–18 KiB mo
 stream). Here the events are written from the request's own task, and one watcher task per
 response waits for the client's disconnect and sends the pings; when the client leaves it
 cancels the writer, whose relay then closes the upstream (see `lifecycle.relay_events`).
-sse-starlette stays where its features serve (the dashboard's live feed). Unlike
-sse-starlette's response, this one is not cut when the server shuts down: uvicorn lets an open
-answer finish (its graceful shutdown), instead of leaving the client a stream without an end.
+sse-starlette stays where its features serve (the dashboard's live feed). On shutdown uvicorn
+reports a disconnect to every open request, so streams end at once, as they did before.
 """
 
 from __future__ import annotations
