@@ -317,3 +317,19 @@ def test_the_request_body_is_not_kept_while_the_answer_is_open(
         f"host: 127.0.0.1:{raw.port}", "accept-encoding: gzip, deflate", "connection: keep-alive",
         f"user-agent: python-httpx/{httpx.__version__}", "content-type: application/json",
         "authorization: Bearer k", "accept: application/json", f"content-length: {length}"]
+
+
+def test_an_injected_transport_is_used_as_given() -> None:
+    """`create_app(transport=...)` and the tests' mocks: the client sends through it, and the
+    body it reads is the request's whole body."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=ANSWER)
+
+    settings = Settings(openai_api_key="k", openai_base_url="http://upstream.test/v1")
+    client = OpenAIClient(settings, transport=httpx.MockTransport(answer))
+    assert asyncio.run(ask(client))["choices"][0]["message"]["content"] == "via"
+    assert json.loads(seen[0].content) == {"model": "m", "messages": []}
+    assert seen[0].url == "http://upstream.test/v1/chat/completions"
