@@ -20,8 +20,8 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-claude-latest test-container lint typecheck unit bench clean browser \
-	shells
+.PHONY: run test test-claude-latest test-container lint typecheck unit bench bench-redis clean \
+	browser shells redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,16 @@ browser:
 		{ test -z "$$CI" && echo "warning: chromium could not be installed (not root?):" \
 			"the dashboard's browser tests will be skipped"; }
 
+## redis: Debian's redis-server for the shared-state tests (tests/test_shared_state.py start
+## their own on a free loopback port, persistence off)
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			redis-server >/dev/null; } || \
+		{ test -z "$$CI" && echo "warning: redis-server could not be installed (not root?):" \
+			"the shared-state tests will be skipped"; }
+
 ## shells: Debian's fish, so that the tests can evaluate `claude-proxy env --shell fish` (bash
 ## is there already)
 shells:
@@ -73,7 +83,7 @@ run: $(VENV)/.installed
 	$(BIN)/claude-proxy $(if $(wildcard $(ENV_FILE)),--env-file $(ENV_FILE),)
 
 ## test: lint, type-check and the whole test suite, Claude Code end-to-end tests included
-test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser shells lint typecheck
+test: $(VENV)/.installed-test $(CLAUDE_BIN) $(JS_CLIENTS) browser shells redis lint typecheck
 	$(BIN)/python -m pytest
 
 ## test-claude-latest: the Claude Code tests against npm's `latest` (installed afresh into
@@ -104,6 +114,10 @@ unit: $(VENV)/.installed-test $(JS_CLIENTS)
 ## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## bench-redis: CPU per request and added latency with REDIS_URL vs in-process state
+bench-redis: $(VENV)/.installed-test redis
+	$(BIN)/python -m bench.redis_column $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

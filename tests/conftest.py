@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -195,3 +200,97 @@ def serving(url: str) -> bool:
 
 def load_fixture(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- a real Redis
+
+
+@dataclass
+class RedisServer:
+    """Debian's redis-server on a loopback port, persistence off; tests pause, kill and
+    restart it (on the same port) to see the proxy carry on without it."""
+
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert eventually(self.answers, timeout=30), "redis-server did not start"
+        return self
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def pause(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=15)
+            self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the test session (`make test` installs it: the `redis`
+    target); each test keeps apart from the others with its own REDIS_PREFIX."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make redis)")
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis")).start()
+    yield server
+    if server.process is not None:
+        server.resume()
+    server.kill()
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Popen[str]]]]:
+    """Starts `claude-proxy` subprocesses (stopped at the end): returns its URL and process,
+    with what it printed until it listened (`startup_output`) and after (`later_output`)."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str]) -> tuple[str, subprocess.Popen[str]]:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "claude_proxy", *args, "--host", "127.0.0.1", "--port",
+             str(port)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        processes.append(process)
+        assert process.stdout is not None
+        output = []
+        for line in process.stdout:
+            output.append(line)
+            if "Uvicorn running on" in line or "Finished server process" in line:
+                break
+        process.startup_output = "".join(output)  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}"
+        process.later_output = []  # type: ignore[attr-defined]
+        # Keep reading (the pipe must not fill up), and keep the lines for the test.
+        threading.Thread(target=lambda: process.later_output.extend(  # type: ignore[attr-defined]
+            iter(process.stdout.readline, "")), daemon=True).start()
+        assert eventually(lambda: serving(url), timeout=30)
+        return url, process
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=15)

@@ -28,7 +28,7 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
-               "CLAUDE_BIN_NEWEST": "tests/test_launcher_claude_code.py",
+               "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
                **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
                   for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
                                "SSL_CERT_FILE", "SSL_CERT_DIR")}}

@@ -6,8 +6,7 @@ import logging
 import re
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from tests.conftest import (
     eventually,
     free_port,
     load_fixture,
-    serving,
 )
 from tests.scripted_upstream import (
     Reply,
@@ -182,38 +180,6 @@ def test_tool_group_variables_from_env_file_and_environment(
 # ---------------------------------------------------------------- command line
 
 
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Popen[str]]]]:
-    processes: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str]) -> tuple[str, subprocess.Popen[str]]:
-        port = free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "claude_proxy", *args, "--host", "127.0.0.1", "--port",
-             str(port)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        processes.append(process)
-        assert process.stdout is not None
-        output = []
-        for line in process.stdout:
-            output.append(line)
-            if "Uvicorn running on" in line or "Finished server process" in line:
-                break
-        process.startup_output = "".join(output)  # type: ignore[attr-defined]
-        url = f"http://127.0.0.1:{port}"
-        process.later_output = []  # type: ignore[attr-defined]
-        # Keep reading (the pipe must not fill up), and keep the lines for the test.
-        threading.Thread(target=lambda: process.later_output.extend(  # type: ignore[attr-defined]
-            iter(process.stdout.readline, "")), daemon=True).start()
-        assert eventually(lambda: serving(url), timeout=30)
-        return url, process
-
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=15)
-
-
 def test_env_name_startup_line_and_log_file(
         tmp_path: Path, upstream: ScriptedUpstream,
         started: Callable[..., tuple[str, subprocess.Popen[str]]]) -> None:
@@ -284,10 +250,11 @@ def doctor_responder(body: dict[str, Any]) -> Reply:
     return completion({"content": "ok"})
 
 
-def run_doctor(tmp_path: Path, upstream: ScriptedUpstream) -> subprocess.CompletedProcess[str]:
+def run_doctor(tmp_path: Path, upstream: ScriptedUpstream,
+               **extra: str) -> subprocess.CompletedProcess[str]:
     env = clean_env(tmp_path, OPENAI_API_KEY="k", OPENAI_BASE_URL=upstream.base_url,
                     PROVIDER="glm", BIG_MODEL="glm-4.7", MIDDLE_MODEL="glm-4.7",
-                    SMALL_MODEL="glm-4.7-flash")
+                    SMALL_MODEL="glm-4.7-flash", **extra)
     return subprocess.run([sys.executable, "-m", "claude_proxy", "doctor"], env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -39,7 +39,7 @@ from claude_proxy.routing.discovery import unknown_windows, windows
 from claude_proxy.routing.providers import build_providers
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.service import MessagesService
-from claude_proxy.state.local import LocalStore
+from claude_proxy.state import open_store
 from claude_proxy.state.store import StateStore
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import dashboard_router
@@ -107,11 +107,13 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
 
     metrics = Metrics()
     started = datetime.now(UTC)
-    store: StateStore = LocalStore()
+    redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    store = open_store(redis_url, settings.redis_prefix, settings.redis_timeout)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        providers = build_providers(config, transport, on_retry=metrics.count_retry)
+        providers = build_providers(config, transport, on_retry=metrics.count_retry,
+                                    store=store)
         await discover_windows(config, transport)
         unknown = unknown_windows(config)
         if unknown:
@@ -132,10 +134,11 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             if backend is not None:
                 await backend.aclose()
             await store.close()
+            metrics.close()
 
     app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    recorder = dashboard_recorder(app, config)
+    recorder = dashboard_recorder(app, config, store)
     app.state.recorder = recorder
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=recorder)
     _install_error_handlers(app)
@@ -152,7 +155,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             check_client_key(request, settings)
             service: MessagesService = request.app.state.service
             return json_response({"status": "ok", **health_detail(
-                service.providers, metrics.cache.ratios(), windows(config))})
+                service.providers, metrics.cache.ratios(), windows(config),
+                service.store.describe())})
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")
@@ -225,7 +229,8 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     return json_response(await before_first_byte(request, search.create(plan), deadline))
 
 
-def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:
+def dashboard_recorder(app: FastAPI, config: ProxyConfig,
+                       store: StateStore | None = None) -> Recorder | None:
     """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
     if not config.settings.ui_enabled:
         return None
@@ -235,7 +240,7 @@ def dashboard_recorder(app: FastAPI, config: ProxyConfig) -> Recorder | None:
         return provider_health(service.providers) if service is not None else []
 
     return Recorder(inspect=config.settings.inspect_requests, secrets=config.secrets(),
-                    health=health)
+                    health=health, store=store)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

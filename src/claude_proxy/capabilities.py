@@ -1,15 +1,16 @@
-"""What the proxy has learned about upstream models while running (in memory only).
+"""What the proxy has learned about upstream models while running.
 
 A model that answered 400 to something the proxy added (the reasoning fields, one of the
 optional fields below, the client's cache breakpoints, a system message after the first) is
 remembered, so later requests leave that out instead of failing and retrying every time.
-With several workers each process learns on its own (one failed request per worker at most).
+The memory is kept in the state store (state/), per (provider, model, field), for REFUSAL_TTL
+(a provider that later accepts the field gets it again); with a shared store, what one worker
+or replica learns the others never try again.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from claude_proxy.conversion.caching import (
     system_messages_as_user,
 )
 from claude_proxy.conversion.structured import StructuredMode
+from claude_proxy.state.local import LocalStore
+from claude_proxy.state.store import StateStore
 
 REASONING = "reasoning"
 SUMMARY = "reasoning.summary"
@@ -127,17 +130,24 @@ def structured_mode(refusals: Refusals, model: str) -> StructuredMode:
     return "json_schema"
 
 
-class Refusals:
-    """(upstream model, field) pairs known to be refused; `REASONING` stands for all the
-    reasoning fields of a dialect."""
+REFUSAL_TTL = 24 * 3600.0
 
-    def __init__(self) -> None:
-        self._refused: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+
+class Refusals:
+    """(upstream model, field) pairs known to be refused by one provider; `REASONING` stands
+    for all the reasoning fields of a dialect."""
+
+    def __init__(self, store: StateStore | None = None, provider: str = "provider",
+                 ttl: float = REFUSAL_TTL) -> None:
+        self.store = store or LocalStore()
+        self.provider = provider
+        self.ttl = ttl
+
+    def _key(self, model: str, field: str) -> str:
+        return f"refusal:{self.provider}:{model}:{field}"
 
     def refuses(self, model: str, field: str) -> bool:
-        return (model, field) in self._refused
+        return self.store.get(self._key(model, field)) is not None
 
     def remember(self, model: str, field: str) -> None:
-        with self._lock:
-            self._refused.add((model, field))
+        self.store.put(self._key(model, field), {"refused": True}, ttl=self.ttl)

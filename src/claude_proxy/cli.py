@@ -14,7 +14,11 @@ import gc
 import logging
 import os
 import secrets
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -36,6 +40,7 @@ from claude_proxy.routing.config import (
     stray_provider_variables,
 )
 from claude_proxy.routing.router import Router
+from claude_proxy.state.store import display_url
 from claude_proxy.ui.recorder import WORKERS_VARIABLE
 from claude_proxy.websearch.config import describe, with_search_table
 
@@ -162,7 +167,8 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
     head = (f"claude-proxy {__version__} on {host}:{port} ({workers} worker"
             f"{'s' if workers > 1 else ''})")
     tail = (f"client key {'required' if settings.anthropic_api_key else 'not required'}; "
-            f"web search: {describe(config)}; {dashboard_note(settings, host, port, workers)}")
+            f"web search: {describe(config)}; {state_note(settings)}; "
+            f"{dashboard_note(settings, host, port, workers)}")
     if config.source in ("environment", ZERO_CONFIGURATION):
         only = next(iter(config.providers.values()))
         found = f" ({config.source})" if config.source == ZERO_CONFIGURATION else ""
@@ -177,12 +183,23 @@ def startup_line(config: ProxyConfig, host: str, port: int, workers: int) -> str
             f"routes: {routes}; fallback: {fallback}; {tail}")
 
 
+def state_note(settings: Settings) -> str:
+    """Where what the proxy learns is kept (never the Redis password)."""
+    if settings.redis_url is None:
+        return "state: in-process"
+    return (f"state: shared through Redis at {display_url(settings.redis_url.get_secret_value())}"
+            f" (prefix {settings.redis_prefix!r})")
+
+
 def dashboard_note(settings: Settings, host: str, port: int, workers: int) -> str:
-    """Where the dashboard is, and that with several workers each page shows one of them."""
+    """Where the dashboard is, and that with several workers each page shows one of them
+    (all of them with Redis)."""
     if not settings.ui_enabled:
         return "dashboard off (UI_ENABLED=false)"
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
     per_worker = f" (each page load shows one of the {workers} workers)" if workers > 1 else ""
+    if settings.redis_url is not None:
+        per_worker = " (every worker and replica, through Redis)"
     return f"dashboard http://{shown}:{port}/ui{per_worker}"
 
 
@@ -247,9 +264,48 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
     if settings.thinking_signature_secret is None:
         # Workers must agree on the secret, or one could not verify another's thinking blocks.
         os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
-    uvicorn.run("claude_proxy.cli:worker_app", factory=True, workers=args.workers,
-                **options)  # type: ignore[arg-type]
+    with metrics_directory():
+        uvicorn.run("claude_proxy.cli:worker_app", factory=True, workers=args.workers,
+                    **options)  # type: ignore[arg-type]
     return 0
+
+
+MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextmanager
+def metrics_directory() -> Iterator[Path | None]:
+    """Where the workers' metric files go, so that a scrape of /metrics, whichever worker
+    answers, sums them all (prometheus_client's multiprocess mode). A directory named by
+    PROMETHEUS_MULTIPROC_DIR is emptied of old files at start; otherwise a temporary one is
+    made (in the temporary directory, else /dev/shm: a read-only root keeps that writable),
+    and removed at exit. Set before the workers start: they read it at import."""
+    named = os.environ.get(MULTIPROC_VARIABLE)
+    path = Path(named) if named else _temporary_directory()
+    if path is None:
+        logger.warning("no writable directory for the workers' metrics: each scrape of "
+                       "/metrics shows the worker that answers (set %s)", MULTIPROC_VARIABLE)
+        yield None
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.db"):
+        old.unlink()
+    os.environ[MULTIPROC_VARIABLE] = str(path)
+    logger.info("workers' metrics summed through %s", path)
+    try:
+        yield path
+    finally:
+        if not named:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_directory() -> Path | None:
+    for parent in (None, "/dev/shm"):
+        try:
+            return Path(tempfile.mkdtemp(prefix="claude-proxy-metrics-", dir=parent))
+        except OSError:
+            continue
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

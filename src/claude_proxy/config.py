@@ -396,10 +396,29 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     metrics_public: bool = False
     """Serve /metrics without the client key even when ANTHROPIC_API_KEY is set."""
 
+    redis_url: SecretStr | None = None
+    """REDIS_URL (redis://, rediss://, unix://; may hold a password): every worker and replica
+    shares what it learns through it (state/redis.py). Unset: each process on its own."""
+    redis_prefix: str = "claude-proxy:"
+    """REDIS_PREFIX: the start of every key, so several proxies can share one Redis."""
+    redis_timeout: float = Field(default=0.1, gt=0, le=10)
+    """REDIS_TIMEOUT: seconds any Redis call may take before the proxy goes on without it."""
+    refusal_ttl: float = Field(default=24 * 3600, gt=0)
+    """REFUSAL_TTL: seconds a field an upstream model refused is left out (then tried again)."""
+
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUP))
+
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if urlsplit(value.get_secret_value()).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -412,7 +431,14 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
         return [secret.get_secret_value() for secret in (self.anthropic_api_key,
                                                         self.thinking_signature_secret,
                                                         self.web_search_api_key)
-                if secret is not None and secret.get_secret_value()]
+                if secret is not None and secret.get_secret_value()] + self.redis_secrets()
+
+    def redis_secrets(self) -> list[str]:
+        """The password in REDIS_URL, for redaction (it is never logged; this is the net)."""
+        if self.redis_url is None:
+            return []
+        parts = urlsplit(self.redis_url.get_secret_value())
+        return [value for value in (parts.password,) if value]
 
     def secrets(self) -> list[str]:
         """Every configured secret value, for log and response redaction."""

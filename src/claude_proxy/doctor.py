@@ -23,6 +23,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.discovery import discover, windows
 from claude_proxy.routing.router import Router
+from claude_proxy.state import check_store
 from claude_proxy.upstream import OpenAIClient
 from claude_proxy.upstreams import llamacpp, responses
 from claude_proxy.upstreams.misconfigured import JINJA, MisconfiguredUpstream
@@ -279,6 +280,12 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
         lines.extend([f"web search backend {config.settings.web_search_backend}",
                       search.line()])
         ok = ok and search.ok
+    settings = config.settings
+    if settings.redis_url is not None:
+        works_shared, said = await check_store(settings.redis_url.get_secret_value(),
+                                               settings.redis_prefix, settings.redis_timeout)
+        lines.extend(["state store (REDIS_URL)",
+                      Check("redis", works_shared, said, required=False).line()])
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok

@@ -1,7 +1,8 @@
 """Prometheus metrics (`GET /metrics`), one registry per application.
 
-With several workers each process counts its own requests; set PROMETHEUS_MULTIPROC_DIR to
-have prometheus-client aggregate them (see its multiprocess mode).
+With `claude-proxy --workers N` the CLI points PROMETHEUS_MULTIPROC_DIR at a directory it
+manages (cli.metrics_directory), and a scrape sums every worker of the host (prometheus
+client's multiprocess mode); across replicas Prometheus sums per target, as usual.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class Metrics:
 
     def count_upstream_error(self, error_type: str) -> None:
         self.upstream_errors.labels(error_type).inc()
+
+    def close(self) -> None:
+        """A worker that stops: its live gauges no longer count (multiprocess mode)."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     def exposition(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -106,10 +106,10 @@ class _Walk:
         self.failures: list[tuple[Candidate, ProxyError]] = []
         self.rerouted = False
 
-    def next(self) -> Candidate | None:
+    async def next(self) -> Candidate | None:
         while self.queue:
             candidate = self.queue.pop(0)
-            if self.providers[candidate.provider].health.acquire():
+            if await self.providers[candidate.provider].health.take():
                 return candidate
             self.skipped.append(candidate)
         if self.failures or not self.skipped:
@@ -141,7 +141,7 @@ class MessagesService:
         self.router = Router({name: p.settings for name, p in providers.items()}, config.router)
         self.signer = signer
         self.metrics = metrics
-        self.sessions = SessionSizes()
+        self.sessions = SessionSizes(self.store)
         self._recognised: dict[str, ProviderSettings] = {}
         for provider in providers.values():
             if llamacpp.recognisable(provider.settings):
@@ -263,12 +263,13 @@ class MessagesService:
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body)
         measure = self.measure(body, session, estimate)
-        candidates = self.router.candidates(body, estimate, self.sessions.previous(session),
+        previous = await self.sessions.recall(session)
+        candidates = self.router.candidates(body, estimate, previous,
                                             subagent=record.agent != "-")
         fits = preflight.plan(candidates, self.router.route("long_context"), measure)
         walk = _Walk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)
-        while (candidate := walk.next()) is not None:
+        while (candidate := await walk.next()) is not None:
             provider = self.providers[candidate.provider]
             self._note_route(record, candidate, walk)  # an error is then the last one tried
             fit = measure(candidate)
@@ -278,7 +279,7 @@ class MessagesService:
                                                       cache_key)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
-                self._after_failure(walk, provider, candidate, error, fit)
+                await self._after_failure(walk, provider, candidate, error, fit)
                 continue
             finally:
                 provider.health.release()
@@ -316,8 +317,8 @@ class MessagesService:
         candidates = self.router.candidates(body, plain, self.sessions.previous(session))
         return self.measure(body, session, plain)(candidates[0]).tokens
 
-    def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
-                       error: ProxyError, fit: preflight.Fit) -> None:
+    async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
+                             error: ProxyError, fit: preflight.Fit) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""
         kind = classify(error)
         if kind == "final":
@@ -343,8 +344,8 @@ class MessagesService:
             logger.warning("provider %s is not set up for this request: %s", provider.name,
                            error.advice)
         else:
-            provider.health.record_failure(error.message,
-                                           parse_retry_after(error.headers.get("retry-after")))
+            await provider.health.failed(error.message,
+                                         parse_retry_after(error.headers.get("retry-after")))
         walk.failures.append((candidate, error))
         self._count(candidate, "failed_over" if walk.queue else "error")
         if walk.queue:
@@ -414,6 +415,7 @@ class MessagesService:
                            "it out for this model from now on", model, what, error.message)
             for field in refused:
                 provider.refusals.remember(model, field)
+            await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
             return (Attempt(provider, candidate, upstream, fit),
                     await _sent(provider, upstream, send))

@@ -45,10 +45,12 @@ NO_CACHE_USE = {"prompt_tokens": 0, "cache_read_tokens": 0, "cache_hit_ratio": 0
 
 def health_detail(providers: Mapping[str, Provider],
                   cache: Mapping[str, dict[str, Any]] | None = None,
-                  windows: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                  windows: Mapping[str, dict[str, Any]] | None = None,
+                  backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Each provider's breaker state, prompt-cache hit ratio (`metrics.CacheStats`) and
-    its models' context windows with where each came from (`discovery.windows`).
-    Kept per process: the answer says which one."""
+    its models' context windows with where each came from (`discovery.windows`), and the
+    state backend (`StateStore.describe()`): with a shared one the breakers are the fleet's,
+    the counts of successes, failures and cache use this process's own."""
     detail: dict[str, Any] = {}
     for name, provider in providers.items():
         snapshot = asdict(provider.health.snapshot())
@@ -58,5 +60,12 @@ def health_detail(providers: Mapping[str, Provider],
         detail[name] = {"profile": provider.settings.provider_name, **snapshot,
                         "prompt_cache": (cache or {}).get(name, NO_CACHE_USE),
                         "models": (windows or {}).get(name, {})}
-    return {"scope": f"this process only (pid {os.getpid()}); other workers or replicas "
-                     "keep their own state", "providers": detail}
+    state = dict(backend or {"backend": "in-process", "state": "ok", "shared": False})
+    if state.get("shared"):
+        scope = (f"fleet-wide: cooldowns, probes and refused fields are shared through "
+                 f"{state['backend']} by every worker and replica; successes, failures and "
+                 f"prompt_cache are this process's own (pid {os.getpid()})")
+    else:
+        scope = (f"this process only (pid {os.getpid()}); other workers or replicas keep "
+                 "their own state")
+    return {"scope": scope, "state_backend": state, "providers": detail}

@@ -11,6 +11,7 @@ from claude_proxy.capabilities import Refusals
 from claude_proxy.config import ProviderSettings
 from claude_proxy.routing.config import ProxyConfig
 from claude_proxy.routing.health import CircuitBreaker
+from claude_proxy.state.store import StateStore
 from claude_proxy.upstream import OpenAIClient
 
 
@@ -31,11 +32,15 @@ class Provider:
 
 
 def build_providers(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None = None,
-                    on_retry: Callable[[], None] | None = None) -> dict[str, Provider]:
-    """One Provider per configured upstream, each with its own pooled client."""
+                    on_retry: Callable[[], None] | None = None,
+                    store: StateStore | None = None) -> dict[str, Provider]:
+    """One Provider per configured upstream, each with its own pooled client; its health
+    and refusal memory kept in `store` (shared by the fleet when it is)."""
     router = config.router
     failures = router.cooldown_failures if router else 3
     cooldown = router.cooldown_seconds if router else 30.0
+    ttl = config.settings.refusal_ttl
     return {name: Provider(name, settings, OpenAIClient(settings, transport, on_retry),
-                           CircuitBreaker(failures, cooldown))
+                           CircuitBreaker(failures, cooldown, store=store, name=name),
+                           Refusals(store, name, ttl))
             for name, settings in config.providers.items()}

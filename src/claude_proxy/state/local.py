@@ -15,6 +15,9 @@ from typing import Any
 
 from claude_proxy.state.store import Record, StateStore
 
+SWEEP_EVERY = 1024
+"""Writes with a TTL between two sweeps of expired keys."""
+
 
 class LocalStore(StateStore):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -24,19 +27,35 @@ class LocalStore(StateStore):
         self._records: dict[str, Record] = {}
         self._expiry: dict[str, float] = {}
         self._logs: dict[str, deque[Record]] = {}
+        self._fields: dict[str, dict[str, float]] = {}
+        self._writes = 0
 
     def _expired(self, key: str) -> bool:
         until = self._expiry.get(key)
         if until is None or self.clock() < until:
             return False
+        self._forget(key)
+        return True
+
+    def _forget(self, key: str) -> None:
         self._counters.pop(key, None)
         self._records.pop(key, None)
+        self._fields.pop(key, None)
         self._expiry.pop(key, None)
-        return True
 
     def _set_expiry(self, key: str, ttl: float | None) -> None:
         if ttl is not None:
             self._expiry[key] = self.clock() + ttl
+            self._writes += 1
+            if self._writes % SWEEP_EVERY == 0:
+                self._sweep()
+
+    def _sweep(self) -> None:
+        """Forgets expired keys nobody reads any more (expiry is otherwise checked on read),
+        so that memory follows the TTLs, not the traffic."""
+        now = self.clock()
+        for key in [key for key, until in self._expiry.items() if until <= now]:
+            self._forget(key)
 
     def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
         with self._lock:
@@ -58,6 +77,13 @@ class LocalStore(StateStore):
             self._expiry.pop(key, None)
             self._set_expiry(key, ttl)
 
+    def keep(self, key: str, value: Record, ttl: float | None = None) -> None:
+        """`put` without the copy, for a value nobody else holds (one just parsed)."""
+        with self._lock:
+            self._records[key] = value
+            self._expiry.pop(key, None)
+            self._set_expiry(key, ttl)
+
     def get(self, key: str) -> Record | None:
         with self._lock:
             if self._expired(key):
@@ -67,9 +93,27 @@ class LocalStore(StateStore):
 
     def delete(self, key: str) -> None:
         with self._lock:
-            self._counters.pop(key, None)
-            self._records.pop(key, None)
+            self._forget(key)
+
+    def set_total(self, key: str, value: float, ttl: float | None = None) -> None:
+        """Sets a counter outright (a shared backend's copy of the fleet's total)."""
+        with self._lock:
+            self._counters[key] = value
             self._expiry.pop(key, None)
+            self._set_expiry(key, ttl)
+
+    def add_fields(self, key: str, amounts: dict[str, float], ttl: float) -> None:
+        with self._lock:
+            self._expired(key)
+            fields = self._fields.setdefault(key, {})
+            for name, amount in amounts.items():
+                fields[name] = fields.get(name, 0.0) + amount
+            self._set_expiry(key, ttl)
+
+    async def read_fields(self, keys: list[str]) -> list[dict[str, float]]:
+        with self._lock:
+            return [{} if self._expired(key) else dict(self._fields.get(key, {}))
+                    for key in keys]
 
     def append(self, log: str, entry: Record, maxlen: int) -> None:
         with self._lock:

@@ -5,7 +5,12 @@ budget is spent) and ask the store only to keep numbers and records:
 - counters (`add` / `total`): floats that accumulate, each key with an optional expiry;
 - small records (`put` / `get` / `delete`): a JSON-able dict per key with an optional expiry;
 - bounded logs (`append` / `read_log`): newest entries kept, oldest dropped past `maxlen`;
-- `claim`: a compare-and-set, true for exactly one caller in the fleet until it expires.
+- `claim`: a compare-and-set, true for exactly one caller in the fleet until it expires;
+- grouped counters (`add_fields` / `read_fields`): several named counters under one key that
+  expires as a whole (e.g. a minute of the dashboard's series);
+- `add_total` and `fetch`: the counter's or the record's fleet-wide value now, for the few
+  places that must not act on a copy up to a second old (a failure that may open a cooldown;
+  a session first seen by this process).
 
 Reads on the hot path (`total`, `get`) are synchronous and served from a local copy (for a
 shared backend, at most about a second old); writes (`add`, `put`, `append`, `delete`) return
@@ -16,14 +21,37 @@ slow or gone never fails a call: it falls back to in-process state (fail open) a
 
 from __future__ import annotations
 
+import os
+import socket
 from abc import ABC, abstractmethod
 from typing import Any
+from urllib.parse import urlsplit
 
 Record = dict[str, Any]
 
 
+def process_name() -> str:
+    """This process as the fleet names it: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def display_url(url: str) -> str:
+    """The URL without its user and password (for logs, /health, the dashboard, doctor)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 class StateStore(ABC):
     """Storage for what the fleet learns; see the module docstring for the contract."""
+
+    distributed = False
+    """Whether this backend is meant to be seen by other processes (even while it is away):
+    features then write what only other processes would read (the dashboard's rows)."""
 
     @abstractmethod
     def add(self, key: str, amount: float = 1.0, ttl: float | None = None) -> None:
@@ -57,6 +85,36 @@ class StateStore(ABC):
     async def claim(self, key: str, ttl: float) -> bool:
         """True for exactly one caller (fleet-wide for a shared backend) until `ttl` seconds
         pass or the key is deleted: e.g. "I send the half-open probe"."""
+
+    def add_fields(self, key: str, amounts: dict[str, float], ttl: float) -> None:
+        """Adds to several named counters kept together under `key`, which expires `ttl`
+        seconds after its last change. (Not abstract, so that a store written for other
+        needs still builds; a `distributed` one must have it: the dashboard uses it.)"""
+        raise NotImplementedError
+
+    async def read_fields(self, keys: list[str]) -> list[dict[str, float]]:
+        """The named counters of each key (an empty dict for an unknown or expired one)."""
+        raise NotImplementedError
+
+    async def add_total(self, key: str, amount: float = 1.0, ttl: float | None = None) -> float:
+        """`add`, then the fleet-wide total including it (not a local copy)."""
+        self.add(key, amount, ttl)
+        return self.total(key)
+
+    async def fetch(self, key: str) -> Record | None:
+        """`get`, but waiting for the shared backend when this process holds no fresh copy."""
+        return self.get(key)
+
+    async def sync(self) -> None:
+        """Waits (at most the backend's timeout) until the writes made so far reach the
+        shared backend: for the rare write the fleet must see before this process answers
+        (a cooldown just opened, a field just refused)."""
+        return None
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes see what this one writes (a shared backend, reachable)."""
+        return False
 
     async def start(self) -> None:
         """Connects (a shared backend); never raises: an unreachable one starts degraded."""

@@ -10,7 +10,11 @@ request ends the recorder keeps
 Nothing grows with traffic. No per-chunk work happens here: what a request in flight is
 streaming is read from its record only when an open dashboard asks (once a second).
 
-Per process: with several workers each one records its own requests; `scope()` says so.
+These buffers are this process's own. With a shared state store (REDIS_URL) each finished
+request is also written to it (`FleetLog`): its row to a bounded log, its numbers to the
+minute's counters, its bodies (redacted) to one of this process's INSPECT_REQUESTS slots that
+expire; the page then shows the whole fleet, and says which processes it sees. Without one,
+or while it is away, the page shows this process and says so (`scope()`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import orjson
 from claude_proxy.access import RequestRecord
 from claude_proxy.logs import REDACTED, redact
 from claude_proxy.routing.providers import Provider
+from claude_proxy.state.store import StateStore
+from claude_proxy.ui.fleet import FleetLog, Seen
 from claude_proxy.ui.inspect import error_of, inspector_view
 from claude_proxy.ui.series import TOKEN_KINDS, MinuteSeries
 
@@ -194,7 +200,7 @@ class Recorder:
     """Observes the access middleware (see `access.RecordObserver`)."""
 
     def __init__(self, *, inspect: int, secrets: list[str], health: HealthSource,
-                 rows: int = 1000, minutes: int = 60) -> None:
+                 rows: int = 1000, minutes: int = 60, store: StateStore | None = None) -> None:
         self.inspect_limit = inspect
         self.rows: deque[dict[str, Any]] = deque(maxlen=rows)
         self.kept: OrderedDict[str, RequestRecord] = OrderedDict()
@@ -203,6 +209,10 @@ class Recorder:
         self.health = health
         self.subscriptions: set[Subscription] = set()
         self._secrets = sorted(secrets, key=len, reverse=True)
+        self.fleet = (FleetLog(store, rows=rows, inspect=inspect, minutes=minutes,
+                               workers=scope()["workers"])
+                      if store is not None and store.distributed else None)
+        """The fleet's view through a shared store (None: this process is all there is)."""
 
     # ------------------------------------------------------------ fed by the middleware
 
@@ -221,10 +231,22 @@ class Recorder:
             self.kept[record.request_id] = record
             if len(self.kept) > self.inspect_limit:
                 self.kept.popitem(last=False)
+        if self.fleet is not None:
+            self.fleet.add(row, now, self._stored_view(record) if self.inspect_limit else None)
         for subscription in self.subscriptions:
             subscription.push("request", row)
 
     # ------------------------------------------------------------ read by the dashboard
+
+    def _stored_view(self, record: RequestRecord) -> str:
+        """The inspector's view as the fleet stores it: configured secrets replaced at once
+        (a substring test); the patterns of logs.redact are applied when a page is sent it
+        (`dumps`), as for this process's own requests: on a Claude Code body they cost
+        milliseconds, too much for every request."""
+        text = orjson.dumps(inspector_view(record)).decode()
+        if any(secret in text for secret in self._secrets):
+            text = self.dumps(orjson.loads(text)).decode()
+        return text
 
     def sizes(self) -> dict[str, int]:
         """How much is held (for tests: these never exceed their limits)."""
@@ -249,8 +271,10 @@ class Recorder:
                 "tokens": flight.chars // 4})
         return flights
 
-    def providers(self) -> list[dict[str, Any]]:
-        stats = self.series.provider_stats(time.time())
+    def providers(self, stats: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Each provider's health and its numbers over the last minutes (`stats`: the
+        fleet's; default this process's)."""
+        stats = dict(self.series.provider_stats(time.time()) if stats is None else stats)
         listed = []
         for health in self.health():
             measured = stats.pop(health.name, {})
@@ -287,6 +311,55 @@ class Recorder:
         if record is not None:
             view.update(inspector_view(record))
         return view
+
+    # ------------------------------------------------------------ the fleet's view
+
+    def sharing(self) -> bool:
+        return self.fleet is not None and self.fleet.store.shared
+
+    async def fleet_snapshot(self) -> dict[str, Any]:
+        """`snapshot()`, of every process when the store is shared."""
+        if self.fleet is None or not self.sharing():
+            return {**self.snapshot(), "scope": {**scope(), **self._backend()}}
+        rows = await self.fleet.rows()
+        return {"scope": {**scope(), **self._backend(),
+                          "processes": await self.fleet.processes(rows)},
+                "inspect_requests": self.inspect_limit, "rows_limit": self.rows.maxlen,
+                "requests": rows, "kept": self.fleet.kept(rows), **await self.fleet_live()}
+
+    async def fleet_live(self) -> dict[str, Any]:
+        """`live()`, with the charts and provider numbers of every process when shared;
+        requests in flight are this process's own (`now_process` says whose)."""
+        if self.fleet is None or not self.sharing():
+            return self.live()
+        now = time.time()
+        series = await self.fleet.series(now)
+        live = {"now": self.now(), "now_process": self.fleet.process,
+                "providers": self.providers(series.provider_stats(now)),
+                "series": series.snapshot(now), "server_time": now}
+        self.fleet.heartbeat(now)
+        return live
+
+    async def fleet_inspect(self, request_id: str) -> dict[str, Any] | None:
+        """`inspect()`, falling back to the shared store for a request another process
+        served."""
+        view = self.inspect(request_id)
+        if view is not None or self.fleet is None or not self.sharing():
+            return view
+        return await self.fleet.inspect(request_id, self.inspect_limit)
+
+    async def fleet_news(self, seen: Seen) -> list[dict[str, Any]]:
+        """Rows other processes finished that this feed (`seen`) has not sent yet."""
+        if self.fleet is None or not self.sharing():
+            return []
+        return await self.fleet.news(seen)
+
+    def _backend(self) -> dict[str, Any]:
+        if self.fleet is None:
+            return {"shared": False}
+        described = self.fleet.store.describe()
+        return {"shared": self.sharing(), "process": self.fleet.process,
+                "backend": described.get("state")}
 
     def subscribe(self) -> Subscription:
         subscription = Subscription()

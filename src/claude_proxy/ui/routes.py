@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse
 from claude_proxy.auth import key_matches, presented_keys
 from claude_proxy.config import Settings
 from claude_proxy.errors import error_body
+from claude_proxy.ui.fleet import Seen
 from claude_proxy.ui.recorder import Recorder
 
 COOKIE = "claude_proxy_ui"
@@ -152,10 +153,12 @@ def dashboard_router(settings: Settings, recorder: Recorder) -> APIRouter:
     async def inspect(request: Request, request_id: str) -> Response:
         if not authorized(request):
             return unauthorized()
-        view = recorder.inspect(request_id)
+        view = await recorder.fleet_inspect(request_id)
         if view is None:
-            return json_response(error_body("not_found_error", "no such request in this "
-                                            "worker's memory"), 404)
+            where = ("among the fleet's last requests" if recorder.sharing()
+                     else "in this worker's memory")
+            return json_response(error_body("not_found_error", f"no such request {where}"),
+                                 404)
         return json_response(view)
 
     @router.get("/ui/static/{name}", include_in_schema=False)
@@ -183,24 +186,36 @@ async def _small_body(request: Request) -> bytes:
     return bytes(received[:LOGIN_BODY_LIMIT])
 
 
+async def _hello(recorder: Recorder, seen: Seen) -> dict[str, str]:
+    """The whole picture, its rows marked as sent."""
+    snapshot = await recorder.fleet_snapshot()
+    for row in snapshot["requests"]:
+        seen.add(str(row["id"]))
+    return {"event": "hello", "data": recorder.dumps(snapshot).decode()}
+
+
 async def live_feed(recorder: Recorder) -> AsyncIterator[dict[str, str]]:
     """`hello` (everything), then `request` as each one finishes and `live` every second;
     a viewer that fell behind gets a fresh `hello`."""
     subscription = recorder.subscribe()
     loop = asyncio.get_running_loop()
+    seen = Seen()
     try:
-        yield {"event": "hello", "data": recorder.dumps(recorder.snapshot()).decode()}
+        yield await _hello(recorder, seen)
         next_tick = loop.time() + TICK_SECONDS
         while True:
             if subscription.behind:
                 while not subscription.queue.empty():
                     subscription.queue.get_nowait()
                 subscription.behind = False
-                yield {"event": "hello", "data": recorder.dumps(recorder.snapshot()).decode()}
+                yield await _hello(recorder, seen)
             wait = next_tick - loop.time()
             if wait <= 0:
                 next_tick = loop.time() + TICK_SECONDS
-                yield {"event": "live", "data": recorder.dumps(recorder.live()).decode()}
+                for row in await recorder.fleet_news(seen):  # other processes' requests
+                    yield {"event": "request", "data": recorder.dumps(row).decode()}
+                live = await recorder.fleet_live()
+                yield {"event": "live", "data": recorder.dumps(live).decode()}
                 continue
             try:
                 async with asyncio.timeout(wait):

@@ -4,6 +4,10 @@ Each finished request adds to the bucket of its minute: requests by status, toke
 errors by type, retries, and per provider its count, successes and a first-byte histogram
 (fixed log-spaced bounds, so a percentile costs no stored samples). Keys are statuses, token
 kinds, error types and providers: small fixed sets, none chosen by a client.
+
+A request's numbers are first written as flat named counters (`minute_fields`): that is what
+a shared state store keeps per minute (one hash per minute, expiring), and what a bucket of
+this process absorbs; so the fleet's minutes and this process's are summed the same way.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ class ProviderMinute:
     succeeded: int = 0
     ttfb: list[int] = field(default_factory=lambda: [0] * (len(TTFB_BOUNDS_MS) + 1))
 
-    def add(self, ok: bool, ttfb_ms: float | None) -> None:
-        self.requests += 1
-        self.succeeded += ok
-        if ttfb_ms is not None:
-            self.ttfb[bisect.bisect_left(TTFB_BOUNDS_MS, ttfb_ms)] += 1
+    def absorb(self, what: str, count: int) -> None:
+        if what == "requests":
+            self.requests += count
+        elif what == "succeeded":
+            self.succeeded += count
+        elif what.startswith("ttfb:"):
+            index = int(what[5:])
+            if 0 <= index < len(self.ttfb):
+                self.ttfb[index] += count
 
 
 @dataclass
@@ -40,6 +48,42 @@ class Minute:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
     errors: dict[str, int] = field(default_factory=dict)
     providers: dict[str, ProviderMinute] = field(default_factory=dict)
+
+    def absorb(self, fields: dict[str, float]) -> Minute:
+        """Adds named counters (`minute_fields`) to this minute."""
+        for name, amount in fields.items():
+            kind, _, rest = name.partition("|")
+            count = int(amount)
+            if kind == "status":
+                self.statuses[rest] = self.statuses.get(rest, 0) + count
+            elif kind == "tokens":
+                self.tokens[rest] = self.tokens.get(rest, 0) + count
+            elif kind == "error":
+                self.errors[rest] = self.errors.get(rest, 0) + count
+            elif kind == "provider":
+                provider, _, what = rest.partition("|")
+                self.providers.setdefault(provider, ProviderMinute()).absorb(what, count)
+        return self
+
+
+def minute_fields(row: dict[str, Any]) -> dict[str, float]:
+    """A finished request's row as the named counters it adds to its minute."""
+    fields: dict[str, float] = {f"status|{row['status']}": 1}
+    for kind, count in row["tokens"].items():
+        if count:
+            fields[f"tokens|{kind}"] = count
+    if row["error"]:
+        fields[f"error|{row['error']}"] = 1
+    if row["retries"]:
+        fields["error|retry"] = row["retries"]
+    if row["failover"]:
+        fields["error|failover"] = len(row["failover"])
+    provider = f"provider|{row['provider']}|"
+    fields[provider + "requests"] = 1
+    fields[provider + "succeeded"] = int(not provider_failed(row["status"]))
+    if row["ttfb"] is not None:
+        fields[f"{provider}ttfb:{bisect.bisect_left(TTFB_BOUNDS_MS, row['ttfb'])}"] = 1
+    return fields
 
 
 def provider_failed(status: int) -> bool:
@@ -80,19 +124,16 @@ class MinuteSeries:
         return self.buckets[-1]
 
     def add(self, row: dict[str, Any], at: float) -> None:
-        bucket = self.bucket(int(at // 60))
-        status = str(row["status"])
-        bucket.statuses[status] = bucket.statuses.get(status, 0) + 1
-        for kind, count in row["tokens"].items():
-            bucket.tokens[kind] = bucket.tokens.get(kind, 0) + count
-        if row["error"]:
-            bucket.errors[row["error"]] = bucket.errors.get(row["error"], 0) + 1
-        if row["retries"]:
-            bucket.errors["retry"] = bucket.errors.get("retry", 0) + row["retries"]
-        if row["failover"]:
-            bucket.errors["failover"] = bucket.errors.get("failover", 0) + len(row["failover"])
-        provider = bucket.providers.setdefault(row["provider"], ProviderMinute())
-        provider.add(not provider_failed(row["status"]), row["ttfb"])
+        self.bucket(int(at // 60)).absorb(minute_fields(row))
+
+    @classmethod
+    def of(cls, minutes: int, fields: list[tuple[int, dict[str, float]]]) -> MinuteSeries:
+        """A series made of stored minutes (oldest first), e.g. the fleet's."""
+        series = cls(minutes)
+        for minute, named in fields:
+            if named:
+                series.buckets.append(Minute(minute).absorb(named))
+        return series
 
     def window(self, now: float, minutes: int) -> list[Minute]:
         first = int(now // 60) - minutes + 1

@@ -80,7 +80,16 @@ function renderScope() {
   const node = document.getElementById("scope");
   node.replaceChildren();
   if (!scope) return;
-  if (scope.workers > 1) {
+  if (scope.shared) {
+    const processes = scope.processes || [];
+    const hosts = new Set(processes.map((p) => p.split(":")[0]));
+    node.append("all ", el("b", { text: `${processes.length} process${processes.length === 1 ? "" : "es"}` }),
+      ` on ${hosts.size} host${hosts.size === 1 ? "" : "s"} through Redis (${processes.join(", ")})` +
+      ` · in flight: this process (${scope.process}) only`);
+  } else if (scope.backend && scope.backend.startsWith("degraded")) {
+    node.append("this process ", el("b", { text: `(pid ${scope.pid})` }),
+      " only — Redis is away (degraded: in-process); the fleet's view returns with it");
+  } else if (scope.workers > 1) {
     node.append("this worker ", el("b", { text: `(pid ${scope.pid})` }),
       ` of ${scope.workers} — each worker shows only the requests it served`);
   } else {
@@ -418,8 +427,10 @@ function renderInspector(id, view) {
   document.getElementById("i-permalink").href = `/ui/requests/${encodeURIComponent(id)}`;
   if (!view) {
     const scope = state.scope || {};
-    body.replaceChildren(el("p", { class: "note", text: `Request ${id} is not in this worker's memory (pid ${scope.pid}).` +
-      (scope.workers > 1 ? " With several workers, another worker may have served it." : "") }));
+    body.replaceChildren(el("p", { class: "note", text: scope.shared
+      ? `Request ${id} is not among the fleet's last requests.`
+      : `Request ${id} is not in this worker's memory (pid ${scope.pid}).` +
+        (scope.workers > 1 ? " With several workers, another worker may have served it." : "") }));
     return;
   }
   const parts = [];
