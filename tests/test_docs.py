@@ -152,3 +152,11 @@ def test_claude_codes_variables_are_claude_codes() -> None:
             found |= {name for name in wanted - found if name in window}
             tail = window[-64:]
     assert sorted(name.decode() for name in wanted - found) == []
+
+
+def test_every_docs_page_is_linked_from_the_front_page() -> None:
+    """No orphan page: each docs/*.md is reachable from README.md."""
+    front = (ROOT / "README.md").read_text(encoding="utf-8")
+    orphans = [page.name for page in sorted((ROOT / "docs").glob("*.md"))
+               if f"(docs/{page.name}" not in front]
+    assert orphans == []
