@@ -28,6 +28,7 @@ from bench.client import (
 )
 from bench.install import dev_python, installed_location, production_python
 from bench.procs import (
+    AS_USERS_RUN_IT,
     ROOT,
     Managed,
     StartupError,
@@ -140,11 +141,11 @@ def open_proxy(workdir: Path, upstream_url: str, workers: int,
                meta: dict[str, Any], python: Path) -> Managed:
     """The proxy with `workers` workers, or with one if its CLI has no --workers yet."""
     try:
-        proxy = start_proxy(workdir, upstream_url, workers, python=python)
+        proxy = start_proxy(workdir, upstream_url, workers, python=python, env=AS_USERS_RUN_IT)
         meta["workers"] = workers
     except WorkersUnsupported:
         log(f"warning: the proxy does not support --workers; running 1 worker, not {workers}")
-        proxy = start_proxy(workdir, upstream_url, 1, python=python)
+        proxy = start_proxy(workdir, upstream_url, 1, python=python, env=AS_USERS_RUN_IT)
         meta["workers"] = 1
         meta["workers_note"] = "--workers rejected by the proxy CLI"
     return proxy
@@ -164,7 +165,8 @@ async def compare_workers(workdir: Path, upstream: Managed, scale: float,
     compared: dict[str, Any] = {}
     for workers in (1, 2):
         try:
-            proxy = start_proxy(workdir, upstream.url, workers, python=python)
+            proxy = start_proxy(workdir, upstream.url, workers, python=python,
+                                env=AS_USERS_RUN_IT)
         except WorkersUnsupported:
             log("warning: the proxy does not support --workers; 2-worker run skipped")
             compared["note"] = "--workers rejected by the proxy CLI"

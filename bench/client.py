@@ -11,12 +11,13 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
+from bench.procs import CLIENT_KEY
 from bench.upstream import TOKEN
 
 # Text carried by one event (None if it carries none); `True` marks the end of the stream.
@@ -32,6 +33,8 @@ class Target:
     build: Callable[[int, float, bool], dict[str, Any]]
     read_event: EventReader
     read_message: Callable[[Any], str]
+    headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request (the proxy's client key)."""
 
 
 def spec(n: int, interval: float) -> str:
@@ -89,7 +92,7 @@ def direct_target(upstream_url: str) -> Target:
 
 def proxy_target(proxy_url: str) -> Target:
     return Target("proxy", f"{proxy_url}/v1/messages", anthropic_body, anthropic_event,
-                  anthropic_message)
+                  anthropic_message, {"x-api-key": CLIENT_KEY})
 
 
 def floor_target(floor_url: str) -> Target:
@@ -139,7 +142,8 @@ async def request_message(client: httpx.AsyncClient, target: Target, n: int) -> 
     body = orjson.dumps(target.build(n, 0.0, False))
     started = time.perf_counter()
     response = await client.post(target.url, content=body,
-                                 headers={"content-type": "application/json"})
+                                 headers={"content-type": "application/json",
+                                          **target.headers})
     elapsed = time.perf_counter() - started
     if response.status_code != 200:
         raise BenchError(f"{target.name}: HTTP {response.status_code}: {response.text[:200]}")
@@ -155,7 +159,8 @@ async def request_stream(client: httpx.AsyncClient, target: Target, n: int,
     """One streaming request, every event parsed; checked for exact content and a clean end."""
     body = orjson.dumps(target.build(n, interval, True))
     started = time.perf_counter()
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    headers = {"content-type": "application/json", "accept": "text/event-stream",
+               **target.headers}
     async with client.stream("POST", target.url, content=body, headers=headers) as response:
         ttfb = time.perf_counter() - started
         if response.status_code != 200:

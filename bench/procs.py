@@ -18,6 +18,9 @@ import httpx
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM_KEY = "sk-bench-upstream-key"
+CLIENT_KEY = "sk-ant-bench-client-key"
+AS_USERS_RUN_IT = {"ANTHROPIC_API_KEY": CLIENT_KEY, "LOG_LEVEL": "INFO"}
+"""The proxy of the main scenarios checks a client key and writes the INFO access log."""
 
 
 class StartupError(RuntimeError):

@@ -28,7 +28,10 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
-               "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py"}
+               "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
+               **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
+                  for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
+                               "SSL_CERT_FILE", "SSL_CERT_DIR")}}
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
@@ -150,3 +153,11 @@ def test_claude_codes_variables_are_claude_codes() -> None:
             found |= {name for name in wanted - found if name in window}
             tail = window[-64:]
     assert sorted(name.decode() for name in wanted - found) == []
+
+
+def test_every_docs_page_is_linked_from_the_front_page() -> None:
+    """No orphan page: each docs/*.md is reachable from README.md."""
+    front = (ROOT / "README.md").read_text(encoding="utf-8")
+    orphans = [page.name for page in sorted((ROOT / "docs").glob("*.md"))
+               if f"(docs/{page.name}" not in front]
+    assert orphans == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_proxy.logs import configure_logging
+from claude_proxy.logs import RotatingLog, configure_logging
 
 
 @pytest.fixture
@@ -64,3 +64,24 @@ def test_a_writable_log_file_gets_the_same_lines_as_stdout(
     assert stdout_lines(capsys) == [f"INFO [{os.getpid()}] claude_proxy: one line"]
     assert [line.split(" ", 2)[2] for line in path.read_text().splitlines()] == [
         f"INFO [{os.getpid()}] claude_proxy: one line"]
+
+
+def test_the_log_file_rotates_at_its_size_and_keeps_every_line_once(tmp_path: Path) -> None:
+    """RotatingLog counts what it writes instead of asking the file before each line."""
+    path = tmp_path / "claude-proxy.log"
+    path.write_text("x" * 100 + "\n", encoding="utf-8")  # an earlier run's line counts too
+    handler = RotatingLog(str(path), max_bytes=1000, backups=2)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("test.rotation")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    try:
+        for number in range(40):
+            logger.info("line %02d %s", number, "y" * 40)  # 49 bytes with its newline
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    files = [path.with_name(path.name + suffix) for suffix in (".2", ".1", "")]
+    assert [f.stat().st_size for f in files] == [101 + 18 * 49, 20 * 49, 2 * 49]
+    lines = [line for f in files for line in f.read_text(encoding="utf-8").splitlines()]
+    assert lines == ["x" * 100] + [f"line {n:02d} {'y' * 40}" for n in range(40)]

@@ -108,18 +108,19 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-@respx.mock
 @pytest.mark.parametrize(("failure", "status", "error_type"), [
     (httpx.ConnectTimeout("connect timed out"), 504, "timeout_error"),
     (httpx.ConnectError("refused"), 502, "overloaded_error"),
     (httpx.ReadTimeout("read timed out"), 504, "timeout_error"),
     (httpx.RemoteProtocolError("peer closed"), 502, "overloaded_error"),
 ])
+@respx.mock(using="httpx")  # respx mocks the client, whatever its transport
 async def test_client_layer_retries_network_failures(failure: Exception, status: int,
-                                                     error_type: str) -> None:
+                                                     error_type: str,
+                                                     respx_mock: respx.MockRouter) -> None:
     settings = Settings(openai_api_key="k", openai_base_url="https://upstream.test/v1",
                         max_retries=3, retry_base_delay=0)
-    route = respx.post("https://upstream.test/v1/chat/completions").mock(side_effect=failure)
+    route = respx_mock.post("https://upstream.test/v1/chat/completions").mock(side_effect=failure)
     client = OpenAIClient(settings)
     with pytest.raises(ProxyError) as raised:
         await client.complete({"model": "m", "messages": []})
@@ -129,11 +130,11 @@ async def test_client_layer_retries_network_failures(failure: Exception, status:
 
 
 @pytest.mark.anyio
-@respx.mock
-async def test_client_layer_recovers_after_a_retry() -> None:
+@respx.mock(using="httpx")  # respx mocks the client, whatever its transport
+async def test_client_layer_recovers_after_a_retry(respx_mock: respx.MockRouter) -> None:
     settings = Settings(openai_api_key="k", openai_base_url="https://upstream.test/v1",
                         max_retries=2, retry_base_delay=0)
-    route = respx.post("https://upstream.test/v1/chat/completions").mock(side_effect=[
+    route = respx_mock.post("https://upstream.test/v1/chat/completions").mock(side_effect=[
         httpx.ConnectError("refused"),
         httpx.Response(529, json={"error": {"message": "overloaded"}},
                        headers={"retry-after": "0"}),

@@ -22,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from claude_proxy.access import AccessLogMiddleware, current_record
@@ -32,6 +31,7 @@ from claude_proxy.config import Settings
 from claude_proxy.conversion.fields import screen_request
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.event_stream import EventStream
 from claude_proxy.keys import Identity, KeyRing
 from claude_proxy.lifecycle import ClientDisconnected, before_first_byte, relay_events
 from claude_proxy.metrics import Metrics
@@ -239,8 +239,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
                 await stream.aclose()
                 service.remember_session(session, record)
 
-            return EventSourceResponse(relay_events(converter, stream, deadline, metrics),
-                                       sep="\n", background=BackgroundTask(finish))
+            return EventStream(relay_events(converter, stream, deadline, metrics), finish)
         return json_response(await before_first_byte(request, service.create(body, session),
                                                      deadline))
 

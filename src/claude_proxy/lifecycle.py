@@ -119,6 +119,9 @@ class ChunkPump:
         try:
             async for batch in self._stream:
                 self.chunks.extend(batch)
+                # The reader's frames keep `batch` until the next network read (seconds, in a
+                # slow stream): emptied, it no longer holds the chunks (~7 KiB per stream).
+                batch.clear()
                 self.arrived.set()
                 reads += 1
                 if reads <= EAGER_READS:
@@ -164,6 +167,7 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
             if loop.time() > deadline:
                 raise deadline_error()
             more, failure = _convert(converter, chunks)
+            del chunks  # not held while the next read is awaited
             events += more
             if events:
                 yield _frame(events, sent)

@@ -51,13 +51,40 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class RotatingLog(logging.handlers.RotatingFileHandler):
+    """The standard rotating file, minus its per-record overhead: the standard handler formats
+    every record twice and stats, seeks and tells the file before each write to decide on a
+    rollover (three syscalls and a second format per access-log line). This one formats
+    once and counts what it wrote; like the standard one, it only knows its own writes."""
+
+    def __init__(self, filename: str, max_bytes: int, backups: int) -> None:
+        super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        # Opened for appending: the position is the file's current size.
+        self._size = self.stream.tell() if self.stream is not None else 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + self.terminator
+            if self._size and self._size + len(line) >= self.maxBytes:
+                self.doRollover()
+                self._size = 0
+            if self.stream is None:
+                self.stream = self._open()
+            self.stream.write(line)
+            self.stream.flush()
+            self._size += len(line)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
 def open_log_file(log_file: str) -> logging.Handler | None:
     """The rotating file handler (10 MB, 5 kept), or None after one WARNING when the file
     cannot be opened: a missing log file must never keep the proxy from serving."""
     try:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        return logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=10 * 1024 * 1024, backupCount=5, encoding="utf-8")
+        return RotatingLog(log_file, max_bytes=10 * 1024 * 1024, backups=5)
     except OSError as error:
         logging.getLogger("claude_proxy").warning(
             "LOG_FILE %s cannot be opened (%s: %s): logging to stdout only", log_file,

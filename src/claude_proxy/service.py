@@ -131,6 +131,12 @@ class _Walk:
         return True
 
 
+EXACT_NEAR_WINDOW = 0.5
+"""On the request path, an OpenAI-family request is tokenized exactly (before the upstream has
+measured its conversation) once its plain estimate reaches this share of the window: below
+it, four characters a token is not wrong by enough to matter."""
+
+
 class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
                  signer: ThinkingSigner, metrics: Metrics,
@@ -292,24 +298,37 @@ class MessagesService:
             return attempt, result
         raise self._all_failed(walk, estimate)
 
-    def measure(self, body: dict[str, Any], session: str | None,
-                plain: int | None = None) -> preflight.Measure:
+    def measure(self, body: dict[str, Any], session: str | None, plain: int | None = None,
+                exact: bool = False) -> preflight.Measure:
         """Measures candidates for this request: the calibrated input estimate for the
-        model and its known window (each model family's estimate is made once; `plain`, the
-        tokenizer-free one, when already made)."""
-        raw: dict[str | None, int] = {} if plain is None else {None: plain}
+        model and its known window. The calibration works on the tokenizer-free estimate
+        (`plain`, made once); a conversation the upstream has not measured yet is counted
+        exactly for an OpenAI-family model when it matters: always for count_tokens
+        (`exact`), and on the request path only near the model's window, so that the
+        tokenizer (its tables weigh ~140 MiB, a 100k-token request ~13 ms) stays off the
+        hot path of requests that fit with room to spare."""
+        plain = estimate_request_tokens(body) if plain is None else plain
+        exact_counts: dict[str, int] = {}
         fits: dict[Candidate, preflight.Fit] = {}
         conversation = calibration.thread(body)
 
+        def counted(candidate: Candidate, window: int | None) -> int:
+            family = encoding_name(candidate.model)
+            if family is None or calibration.recorded(self.store, session, candidate.provider,
+                                                      candidate.model, conversation):
+                return calibration.calibrated(self.store, session, candidate.provider,
+                                              candidate.model, plain, conversation)
+            if not exact and (window is None or plain < window * EXACT_NEAR_WINDOW):
+                return plain
+            if family not in exact_counts:
+                exact_counts[family] = estimate_request_tokens(body, candidate.model)
+            return exact_counts[family]
+
         def measure(candidate: Candidate) -> preflight.Fit:
             if candidate not in fits:
-                family = encoding_name(candidate.model)
-                if family not in raw:
-                    raw[family] = estimate_request_tokens(body, candidate.model)
                 facts = self.config.models.facts(candidate.provider, candidate.model)
-                tokens = calibration.calibrated(self.store, session, candidate.provider,
-                                                candidate.model, raw[family], conversation)
-                fits[candidate] = preflight.Fit(candidate, tokens, raw[family],
+                tokens = counted(candidate, facts.context_window)
+                fits[candidate] = preflight.Fit(candidate, tokens, plain,
                                                 facts.context_window, facts.max_output_tokens)
             return fits[candidate]
         return measure
@@ -319,7 +338,7 @@ class MessagesService:
         to (exact for OpenAI-family models)."""
         plain = estimate_request_tokens(body)
         candidates = self.router.candidates(body, plain, self.sessions.previous(session))
-        return self.measure(body, session, plain)(candidates[0]).tokens
+        return self.measure(body, session, plain, exact=True)(candidates[0]).tokens
 
     async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
                              error: ProxyError, fit: preflight.Fit) -> None:

@@ -2,8 +2,8 @@
 
 Every event carries `event: <type>`, because the SDKs drop unnamed events. orjson never puts a
 newline in its output, so one `data:` line per event is the exact SSE framing; encoding by hand
-keeps this hot path to one bytes join per batch. sse-starlette's EventSourceResponse does the
-rest of the work (the streaming response, keep-alive pings, disconnects).
+keeps this hot path to one bytes join per batch. The response (keep-alive pings, disconnects)
+is `event_stream.EventStream`; web-search streams still use sse-starlette's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The only module that talks to the upstream: OpenAI-compatible `/chat/completions`, and
 `/responses` for OpenAI reasoning models.
 
-One pooled `httpx.AsyncClient` per process. Failures before the first byte are retried by
-`RetryPolicy` and end as a `ProxyError` carrying the upstream's status; the client then gets a
-real HTTP error instead of a 200 followed by a broken stream. A streaming request is only handed
+One pooled `httpx.AsyncClient` per provider, on aiohttp's transport (`transport.py`).
+Failures before the first byte are retried by `RetryPolicy` and end as a `ProxyError`
+carrying the upstream's status; the client then gets a real HTTP error instead of a 200
+followed by a broken stream. A streaming request is only handed
 back once its first chunk has arrived, so an error announced in that chunk still has a status.
 Both APIs share the pool, the retries and this first-byte rule; what differs (which events
 only announce a response, where an error hides, how a whole JSON answer becomes a stream) is a
@@ -30,6 +31,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.overflow import from_payload, from_upstream
 from claude_proxy.retry import RetryPolicy
+from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
 from claude_proxy.upstreams import chat_completions, responses
 from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
@@ -41,9 +43,6 @@ T = TypeVar("T")
 
 LOGGED_MESSAGE_CHARS = 300
 """How much of an upstream's error message a log line carries."""
-
-KEEP_IDLE = 8
-"""Idle upstream connections kept open per provider for the next requests."""
 
 
 class UpstreamStream:
@@ -117,6 +116,7 @@ class UpstreamStream:
                     chunk = _parse_chunk(event.data)
                     if chunk is not None:
                         batch.append(chunk)
+                chunk = event = None  # nothing of this read is kept while the next is awaited
                 yield batch  # possibly empty (a comment): the relay still sees time pass
                 self.said_done = done  # the consumer has taken the last batch
         except httpx.HTTPError as exc:
@@ -133,18 +133,18 @@ class OpenAIClient:
         self._policy = RetryPolicy(settings.max_retries, settings.retry_base_delay,
                                    settings.retry_max_delay)
         timeout = httpx.Timeout(settings.request_timeout, connect=settings.connect_timeout)
-        # Idle connections are reused (no new TCP/TLS set-up per request), but only a few are
-        # kept: each time a request starts or ends, httpcore's pool counts its idle
-        # connections once per idle connection and polls each idle socket, so hundreds kept
-        # idle (after a burst of streams) made every later request cost O(idle × open)
-        # (200 concurrent streams: 5.5 s with 200 kept, 1.6 s with 16, 1.3-1.5 s with 8).
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_IDLE)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        # aiohttp's pool (transport.py) keeps idle connections in a queue: unlike httpcore's,
+        # it does not scan them per request, so every idle connection may be kept.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self._client = UpstreamHttpClient(timeout=timeout, limits=limits, transport=transport)
         self.url = f"{settings.openai_base_url}/chat/completions"
         self.responses_url = responses.endpoint(settings).url
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
+        self._endpoints: dict[tuple[str, tuple[tuple[str, str], ...]],
+                              tuple[httpx.URL, dict[str, httpx.Headers]]] = {}
+        self._extensions = {"timeout": timeout.as_dict()}
         self._secrets = settings.upstream_secrets()
         self.on_headers: Callable[[httpx.Headers], None] | None = None
         """Shown every answer's headers (how the service recognises llama-server)."""
@@ -166,7 +166,10 @@ class OpenAIClient:
 
     def connection_counts(self) -> dict[str, int]:
         """Open upstream connections, busy and idle (for tests and metrics)."""
-        pool = getattr(self._client._transport, "_pool", None)
+        transport = self._client._transport
+        if isinstance(transport, AiohttpTransport):
+            return transport.connection_counts()
+        pool = getattr(transport, "_pool", None)
         connections = list(getattr(pool, "connections", []))
         idle = sum(1 for connection in connections if connection.is_idle())
         return {"active": len(connections) - idle, "idle": idle}
@@ -268,9 +271,13 @@ class OpenAIClient:
     async def _send(self, url: str, body: dict[str, Any], params: dict[str, str], *,
                     accept: str) -> httpx.Response:
         """One POST; a non-2xx answer or a network failure raises ProxyError."""
-        headers = {**self._headers, "accept": accept}
-        request = self._client.build_request("POST", url, content=orjson.dumps(body),
-                                             headers=headers, params=params)
+        target, headers_for = self._endpoint(url, params)
+        content = orjson.dumps(body)
+        headers = httpx.Headers([*self._prepared_headers(target, headers_for, accept).raw,
+                                 (b"content-length", b"%d" % len(content))])
+        request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
+                                extensions=self._extensions)
+        del content
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -280,6 +287,28 @@ class OpenAIClient:
         if response.status_code < 400:
             return response
         raise await _read_error(response)
+
+    def _endpoint(self, url: str,
+                  params: dict[str, str]) -> tuple[httpx.URL, dict[str, httpx.Headers]]:
+        """The endpoint's parsed URL, and its headers per `accept`, made once
+        (`client.build_request` parsed and merged the URL, the client's headers and cookies
+        on every request: a third of httpx's cost)."""
+        key = (url, tuple(params.items()))
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            endpoint = self._endpoints[key] = (httpx.URL(url, params=params or None), {})
+        return endpoint
+
+    def _prepared_headers(self, target: httpx.URL, made: dict[str, httpx.Headers],
+                          accept: str) -> httpx.Headers:
+        """The host, the client's default headers (user agent, accepted encodings) and ours,
+        merged as build_request merged them."""
+        headers = made.get(accept)
+        if headers is None:
+            headers = made[accept] = httpx.Headers({"host": target.netloc.decode("ascii")})
+            headers.update(self._client.headers)
+            headers.update({**self._headers, "accept": accept})
+        return headers
 
     @staticmethod
     def _generate_buffered_stream_chunks(response: Chunk) -> Iterator[Chunk]:

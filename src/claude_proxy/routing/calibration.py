@@ -59,6 +59,13 @@ def _key(session: str, provider: str, model: str, conversation: str) -> str:
     return f"{KEY_PREFIX}{session}:{conversation}:{provider}:{model}"
 
 
+def recorded(store: StateStore, session: str | None, provider: str, model: str,
+             conversation: str = "") -> bool:
+    """Whether the upstream has measured a turn of this conversation (calibration applies)."""
+    return bool(session) and store.get(_key(str(session), provider, model,
+                                            conversation)) is not None
+
+
 def calibrated(store: StateStore, session: str | None, provider: str, model: str,
                estimate: int, conversation: str = "") -> int:
     """The estimate corrected by what the upstream reported for this conversation's last

@@ -1,0 +1,91 @@
+"""The `/v1/messages` stream's response: pre-encoded SSE bytes, written as they come.
+
+It sends what sse-starlette's `EventSourceResponse` sent on this path, byte for byte (the
+same headers, the same `: ping - <UTC time>` comment every 15 s, the same end), at the cost of
+a plain streaming response: sse-starlette runs a task group of four tasks per response and a
+cancel scope per event (about twice the server CPU per event, and 16–18 KiB more per open
+stream). Here the events are written from the request's own task, and one watcher task per
+response waits for the client's disconnect and sends the pings; when the client leaves it
+cancels the writer, whose relay then closes the upstream (see `lifecycle.relay_events`).
+sse-starlette stays where its features serve (the dashboard's live feed). On shutdown uvicorn
+reports a disconnect to every open request, so streams end at once, as they did before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+PING_SECONDS = 15.0
+"""sse-starlette's default keep-alive interval, kept."""
+
+HEADERS = [(b"cache-control", b"no-store"), (b"connection", b"keep-alive"),
+           (b"x-accel-buffering", b"no"), (b"content-type", b"text/event-stream; charset=utf-8")]
+"""What EventSourceResponse(sep="\\n") sends, in its order (tests compare the two)."""
+
+
+def ping_comment() -> bytes:
+    return f": ping - {datetime.now(UTC)}\n\n".encode()
+
+
+class EventStream(Response):
+    """An SSE response of ready-made byte frames; `finish` runs after it, as a background
+    task would (also when the client left)."""
+
+    def __init__(self, frames: AsyncIterator[bytes],
+                 finish: Callable[[], Awaitable[None]] | None = None,
+                 ping: float = PING_SECONDS) -> None:
+        self.frames = frames
+        self.finish = finish
+        self.ping = ping
+        self.status_code = 200
+        self.raw_headers = list(HEADERS)
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = asyncio.current_task()
+        assert writer is not None
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        watcher = asyncio.ensure_future(self._watch(receive, send))
+        left = False
+
+        def client_left(done: asyncio.Future[None]) -> None:
+            nonlocal left
+            if not done.cancelled() and done.exception() is None:
+                left = True
+                writer.cancel()
+
+        watcher.add_done_callback(client_left)
+        try:
+            async for frame in self.frames:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            watcher.remove_done_callback(client_left)
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not left or writer.uncancel() > 0:
+                raise
+            # The client left: the relay has closed the upstream; nothing more to send.
+        finally:
+            watcher.remove_done_callback(client_left)
+            watcher.cancel()
+            if self.finish is not None:
+                await self.finish()
+
+    async def _watch(self, receive: Receive, send: Send) -> None:
+        """Returns when the client disconnects; sends a ping every `ping` seconds meanwhile."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async with asyncio.timeout_at(loop.time() + self.ping):
+                    message = await receive()
+            except TimeoutError:
+                await send({"type": "http.response.body", "body": ping_comment(),
+                            "more_body": True})
+                continue
+            if message["type"] == "http.disconnect":
+                return
