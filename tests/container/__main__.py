@@ -28,6 +28,7 @@ from typing import Any
 
 import anthropic
 import httpx
+from dotenv import dotenv_values
 
 from tests.conftest import free_port
 from tests.container.base_image import BaseImageError, ensure_base
@@ -228,13 +229,22 @@ def check_healthcheck(context: Context) -> str:
     return f"the image's own {test[0]} {test[1]} … exits 0"
 
 
+def env_model(context: Context, name: str) -> str:
+    """A model the image's env file names (the profile's models change with the provider's)."""
+    values = dotenv_values(context.env_file)
+    model = values.get(name)
+    expect(bool(model), f"{context.env_file}: no {name}")
+    return str(model)
+
+
 def check_doctor(context: Context) -> str:
     flags, _ = context.engine.network_flags(None)
     result = context.engine("run", "--rm", "--env-file", str(context.env_file), *flags, IMAGE,
                             "doctor", timeout=180)
     out = result.stdout
     expect(result.returncode == 0, f"exit {result.returncode}: {out}{result.stderr}")
-    for line in ("  deepseek-reasoner (opus)", "  deepseek-chat (sonnet, haiku)",
+    big, small = env_model(context, "BIG_MODEL"), env_model(context, "SMALL_MODEL")
+    for line in (f"  {big} (opus, sonnet)", f"  {small} (haiku)",
                  "Claude Code will work with this configuration."):
         expect(line in out.splitlines(), f"no line {line!r} in:\n{out}")
     expect(len(re.findall(r"^    reachable\s+ok", out, re.M)) == 2, out)
@@ -273,8 +283,9 @@ def check_as_kubernetes_runs_it(context: Context) -> str:
 def check_logs_on_stdout(context: Context) -> str:
     logs = context.engine("logs", context.container)
     access = [line for line in logs.stdout.splitlines() if "claude_proxy.access" in line]
-    for wanted in ("model=claude-opus-4-1->deepseek-reasoner status=200 stream=false",
-                   "model=claude-opus-4-1->deepseek-reasoner status=200 stream=true",
+    big = env_model(context, "BIG_MODEL")
+    for wanted in (f"model=claude-opus-4-1->{big} status=200 stream=false",
+                   f"model=claude-opus-4-1->{big} status=200 stream=true",
                    "status=401 stream=false"):
         expect(any(wanted in line for line in access), f"no access line with {wanted!r}:\n"
                + "\n".join(access))
