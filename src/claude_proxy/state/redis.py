@@ -435,14 +435,26 @@ class RedisStore(StateStore):
                 queued[name] = queued.get(name, 0.0) + amount
 
     async def _refresh(self, keys: list[tuple[str, bool]]) -> None:
-        """Reads the given keys again (one MGET) into the local copy."""
+        """Reads the given keys again (one MGET) into the local copy. Under the flush's lock:
+        a batch in flight (`add_total` flushes from a request) may already be in Redis's
+        value while still unconfirmed here, and adding it again as owed would count it
+        twice; a counter with an unconfirmed batch keeps its local copy until a flush
+        confirms it."""
         if not keys:
             return
-        values = await self._call(lambda: self._client.mget(
-            [self.prefix + key for key, _ in keys]))
-        if values is None:
-            return
+        async with self._flushing:
+            values = await self._call(lambda: self._client.mget(
+                [self.prefix + key for key, _ in keys]))
+            if values is not None:
+                self._take_values(keys, values)
+
+    def _take_values(self, keys: list[tuple[str, bool]], values: list[Any]) -> None:
+        """An MGET's values into the local copy (a counter: Redis's value plus what this
+        process has not sent yet)."""
+        unconfirmed = {key for batch in self._batches.values() for key in batch}
         for (key, counter), raw in zip(keys, values, strict=True):
+            if counter and key in unconfirmed:
+                continue
             if counter:
                 owed = self._owed_for(key)
                 if raw is None and not owed:
