@@ -310,7 +310,8 @@ class MessagesService:
         plain = estimate_request_tokens(body) if plain is None else plain
         exact_counts: dict[str, int] = {}
         fits: dict[Candidate, preflight.Fit] = {}
-        conversation = calibration.thread(body)
+        # Only a session is calibrated: no digest of the system prompt without one.
+        conversation = calibration.thread(body) if session else ""
 
         def counted(candidate: Candidate, window: int | None) -> int:
             family = encoding_name(candidate.model)
@@ -548,7 +549,7 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate,
-                             calibration.thread(record.client_body))
+                             calibration.thread(record.client_body) if session else "")
 
 
 async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
