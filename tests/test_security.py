@@ -42,6 +42,20 @@ def test_redaction_of_keys_and_auth_headers(line: str) -> None:
     assert REDACTED in redacted
 
 
+@pytest.mark.parametrize(("line", "expected"), [
+    # Secrets nobody configured, in any case: the patterns still find them.
+    ("X-API-KEY: unconfigured123", "X-API-KEY: [REDACTED]"),
+    ("AUTHORIZATION=Bearer tok-987654", "AUTHORIZATION=[REDACTED]"),
+    ("got BEARER tok-987654 from", "got BEARER [REDACTED] from"),
+    ("an sk-abcdef123456789 here", "an sk-abcdef…[REDACTED] here"),
+    # A line with none of the words is returned as it is (the access log's fast path).
+    ('req_1 POST /v1/messages model=claude->gpt-4o status=200 key=team-a',
+     'req_1 POST /v1/messages model=claude->gpt-4o status=200 key=team-a'),
+])
+def test_redaction_of_unconfigured_secrets_exactly(line: str, expected: str) -> None:
+    assert redact(line, []) == expected
+
+
 def test_filter_redacts_arguments_and_tracebacks() -> None:
     record = logging.LogRecord("x", logging.DEBUG, __file__, 1, "key=%s", (UPSTREAM_KEY,), None)
     try:

@@ -194,15 +194,15 @@ class AccessLogMiddleware:
     def _observe(self, record: RequestRecord, finished: float) -> None:
         metrics = self.metrics
         stream = str(record.stream).lower()
-        metrics.requests.labels(str(record.status), record.client_model).inc()
-        metrics.duration.labels(stream).observe(finished - record.started)
+        metrics.requests_of(str(record.status), record.client_model).inc()
+        metrics.duration_of(stream).observe(finished - record.started)
         if record.first_byte is not None:
-            metrics.time_to_first_byte.labels(stream).observe(record.first_byte - record.started)
+            metrics.first_byte_of(stream).observe(record.first_byte - record.started)
         if record.tokens:
             metrics.cache.observe(record.provider, record.tokens)
         for kind, count in record.tokens.items():
             if count:
-                metrics.tokens.labels(kind).inc(count)
+                metrics.tokens_of(kind).inc(count)
 
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:

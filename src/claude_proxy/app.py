@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from claude_proxy.access import AccessLogMiddleware, current_record
 from claude_proxy.auth import key_matches, presented_keys
@@ -208,7 +209,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             check_client_key(request, settings)
         return Response(metrics.exposition(), media_type=metrics.content_type)
 
-    @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         identify(request)
         payload = await read_json_body(request, settings.max_request_bytes)
@@ -218,7 +218,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response({"input_tokens": service.count_tokens(
             body, request.headers.get(SESSION_HEADER))})
 
-    @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
         identity = identify(request)
         payload = await read_json_body(request, settings.max_request_bytes)
@@ -243,12 +242,23 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response(await before_first_byte(request, service.create(body, session),
                                                      deadline))
 
+    hot_routes(app, [Route("/v1/messages", messages, methods=["POST"]),
+                     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])])
     if ledger is not None:
         app.include_router(usage_router(ledger, identify))
     if recorder is not None:
         # After the API's routes: every request is matched against the routes in order.
         app.include_router(dashboard_router(settings, recorder))
     return app
+
+
+def hot_routes(app: FastAPI, routes: list[Route]) -> None:
+    """The API's busiest routes, as plain Starlette routes first in the route list: routes are
+    matched in order, and FastAPI's per-request work for a route (dependency solving, its exit
+    stacks), which these handlers do not use, measured 26 µs of the ~40 µs the framework
+    spent on one request before any of ours (bench/README.md). Errors still reach the
+    exception handlers: those run around every route."""
+    app.router.routes[0:0] = routes
 
 
 def data_dir(config: ProxyConfig) -> Path:

@@ -6,6 +6,7 @@ working. Provider profiles supply defaults (models, output limits) that a variab
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -449,9 +450,11 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
         return self.upstream_secrets() + self.process_secrets()
 
 
+@functools.lru_cache(maxsize=4096)
 def matches_prefix(model: str, prefixes: tuple[str, ...]) -> bool:
     """Case-insensitive prefix match on the model name or its last path segment
-    (`deepseek-ai/DeepSeek-R1` matches `deepseek-r1`); `*` matches every model."""
+    (`deepseek-ai/DeepSeek-R1` matches `deepseek-r1`); `*` matches every model. Kept per
+    (model, prefixes): a request asks four times, with the same few models all day."""
     name = model.lower()
     short = name.rsplit("/", 1)[-1]
     return any(prefix == "*" or name.startswith(prefix.lower()) or short.startswith(

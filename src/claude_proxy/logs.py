@@ -21,10 +21,19 @@ MIN_SECRET_LENGTH = 8  # shorter values (test keys like "k") would shred every l
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 
+_PATTERN_WORDS = ("authorization", "api-key", "bearer")
+"""Every match of the patterns below contains one of these (lowercased) or `sk-`: a line with
+none of them (every access line) skips the three regular expressions (~9 µs a line)."""
+
+
 def redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         if len(secret) >= MIN_SECRET_LENGTH:
             text = text.replace(secret, REDACTED)
+    if "sk-" not in text:
+        lowered = text.lower()
+        if not any(word in lowered for word in _PATTERN_WORDS):
+            return text
     text = _HEADER_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     return _KEY_LIKE.sub(lambda m: m.group(1) + "…" + REDACTED, text)
@@ -49,6 +58,19 @@ class RedactingFilter(logging.Filter):
                 logging.Formatter().formatException(record.exc_info), self._secrets)
             record.exc_info = None
         return True
+
+
+class OnceFormatter(logging.Formatter):
+    """Formats a record once for all the handlers that share it (stdout and the file): the
+    line is kept on the record. Safe because the redacting filter has already made the
+    record's message final before any handler formats it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: str | None = getattr(record, "formatted_line", None)
+        if line is None:
+            line = super().format(record)
+            record.formatted_line = line
+        return line
 
 
 class RotatingLog(logging.handlers.RotatingFileHandler):
@@ -99,7 +121,7 @@ def configure_logging(level: str, log_file: str | None, secrets: list[str]) -> N
         root.removeHandler(handler)
         handler.close()
     root.setLevel(level)
-    formatter = logging.Formatter(LOG_FORMAT)
+    formatter = OnceFormatter(LOG_FORMAT)
     redactor = RedactingFilter(secrets)
 
     def attach(handler: logging.Handler) -> None:

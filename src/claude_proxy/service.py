@@ -429,8 +429,7 @@ class MessagesService:
         record.failover = [c.provider for c, _ in walk.failures]
 
     def _count(self, candidate: Candidate, outcome: str) -> None:
-        self.metrics.provider_attempts.labels(candidate.provider, candidate.route,
-                                              outcome).inc()
+        self.metrics.attempts_of(candidate.provider, candidate.route, outcome).inc()
 
     # ------------------------------------------------------------ one provider
 

@@ -68,14 +68,16 @@ def facts_from(values: Mapping[str, Any], source: str) -> ModelFacts:
     return ModelFacts(**known, sources={key: source for key in known})
 
 
+_FIGURES = tuple(item.name for item in fields(ModelFacts) if item.name != "sources")
+
+
 def layered(*layers: ModelFacts) -> ModelFacts:
     """The first layer that knows a figure wins it (with its source)."""
     result: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for layer in layers:
-        for item in fields(ModelFacts):
-            name = item.name
-            if name == "sources" or name in result:
+        for name in _FIGURES:
+            if name in result:
                 continue
             value = getattr(layer, name)
             if value is not None:
@@ -97,9 +99,19 @@ class ModelTable:
     """provider name → its profile name (for the built-in figures)."""
     discovered: dict[tuple[str, str], ModelFacts] = field(default_factory=dict)
     built_in: BuiltIn = field(default_factory=_built_in)
+    _known: dict[tuple[str, str], ModelFacts] = field(default_factory=dict, init=False,
+                                                      repr=False, compare=False)
+    """facts() answers, kept: every request asks for its candidates' facts, and they change
+    only when discover() learns something (a new table from with_provider starts empty)."""
 
     def facts(self, provider: str, model: str) -> ModelFacts:
         """Everything known of `model` served by `provider`, with where each figure came from."""
+        known = self._known.get((provider, model))
+        if known is None:
+            known = self._known[(provider, model)] = self._layered_facts(provider, model)
+        return known
+
+    def _layered_facts(self, provider: str, model: str) -> ModelFacts:
         profile = self.profiles.get(provider, "")
         built = self.built_in.get((profile, model))
         return layered(
@@ -113,6 +125,7 @@ class ModelTable:
         """Figures the upstream told this process at start."""
         known = self.discovered.get((provider, model))
         self.discovered[(provider, model)] = layered(known, facts) if known else facts
+        self._known.clear()
 
     def with_provider(self, provider: str, profile: str, table: Mapping[str, Any],
                       models: Mapping[str, Mapping[str, Any]], where: str) -> ModelTable:

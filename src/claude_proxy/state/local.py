@@ -18,6 +18,14 @@ from claude_proxy.state.store import Record, StateStore
 SWEEP_EVERY = 1024
 """Writes with a TTL between two sweeps of expired keys."""
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _flat(value: Record) -> bool:
+    """Whether a record holds scalars only: then a shallow copy is a full one (a deep copy
+    of a small record costs ~2.6 µs, and several are read on every request)."""
+    return all(isinstance(item, _SCALARS) for item in value.values())
+
 
 class LocalStore(StateStore):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -28,6 +36,7 @@ class LocalStore(StateStore):
         self._expiry: dict[str, float] = {}
         self._logs: dict[str, deque[Record]] = {}
         self._fields: dict[str, dict[str, float]] = {}
+        self._flat: set[str] = set()
         self._writes = 0
 
     def _expired(self, key: str) -> bool:
@@ -40,6 +49,7 @@ class LocalStore(StateStore):
     def _forget(self, key: str) -> None:
         self._counters.pop(key, None)
         self._records.pop(key, None)
+        self._flat.discard(key)
         self._fields.pop(key, None)
         self._expiry.pop(key, None)
 
@@ -72,15 +82,16 @@ class LocalStore(StateStore):
             return self._counters.get(key, 0.0)
 
     def put(self, key: str, value: Record, ttl: float | None = None) -> None:
-        with self._lock:
-            self._records[key] = copy.deepcopy(value)
-            self._expiry.pop(key, None)
-            self._set_expiry(key, ttl)
+        self.keep(key, dict(value) if _flat(value) else copy.deepcopy(value), ttl)
 
     def keep(self, key: str, value: Record, ttl: float | None = None) -> None:
         """`put` without the copy, for a value nobody else holds (one just parsed)."""
         with self._lock:
             self._records[key] = value
+            if _flat(value):
+                self._flat.add(key)
+            else:
+                self._flat.discard(key)
             self._expiry.pop(key, None)
             self._set_expiry(key, ttl)
 
@@ -89,7 +100,9 @@ class LocalStore(StateStore):
             if self._expired(key):
                 return None
             value = self._records.get(key)
-            return copy.deepcopy(value) if value is not None else None
+            if value is None:
+                return None
+            return dict(value) if key in self._flat else copy.deepcopy(value)
 
     def delete(self, key: str) -> None:
         with self._lock:
@@ -132,6 +145,7 @@ class LocalStore(StateStore):
             if not self._expired(key) and key in self._records:
                 return False
             self._records[key] = {"claimed": True}
+            self._flat.add(key)
             self._expiry[key] = self.clock() + ttl
             return True
 
