@@ -213,9 +213,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 if self._fresh is None:
                     self._fresh = self._new_session(force_close=True)
                 response = await self._send(self._fresh, request, body)
-        headers = [(name.decode("latin-1"), value.decode("latin-1"))
-                   for name, value in response.raw_headers]
-        return httpx.Response(response.status, headers=headers, stream=_Body(response),
+        # The bytes as received (httpx decodes them when asked, as it does httpcore's).
+        return httpx.Response(response.status, headers=list(response.raw_headers),
+                              stream=_Body(response),
                               request=request, extensions={"http_version": b"HTTP/1.1"})
 
     async def aclose(self) -> None:
