@@ -290,3 +290,14 @@ def test_doctor_fails_on_an_unreachable_upstream(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "reachable      FAIL  upstream connection failed (ConnectError)" in result.stdout
+
+
+def test_fastapi_native_telemetry_is_off_unless_the_environment_configures_opentelemetry(
+) -> None:
+    """FastAPI's native OpenTelemetry looks up the global providers on every request: off by
+    default, as FastAPI sets it when any OTEL_ variable is present."""
+    from claude_proxy.app import telemetry_option
+
+    assert telemetry_option({"PATH": "/usr/bin"}) == {
+        "telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    assert telemetry_option({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}) == {}
