@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from claude_proxy.app import create_app
+from claude_proxy.cli import http_protocol
 from claude_proxy.config import Settings
 from claude_proxy.logs import LOG_FORMAT, RedactingFilter
 from tests.scripted_upstream import ScriptedUpstream, bind_loopback, serve_in_thread, stop_server
@@ -147,7 +148,7 @@ def proxy_factory(
         settings = proxy_settings(upstream, log_file, **overrides)
         sock = bind_loopback()
         app = create_app(settings)
-        server, thread = serve_in_thread(RecordingApp(app), sock)
+        server, thread = serve_in_thread(RecordingApp(app), sock, http=http_protocol())
         proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server,
                             app, thread)
         started.append(proxy)

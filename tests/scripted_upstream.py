@@ -408,10 +408,11 @@ def bind_loopback(port: int = 0) -> socket.socket:
 
 
 def serve_in_thread(app: Any, sock: socket.socket, *, own_headers_only: bool = False,
-                    ) -> tuple[uvicorn.Server, threading.Thread]:
+                    http: Any = "auto") -> tuple[uvicorn.Server, threading.Thread]:
+    """`http`: uvicorn's protocol (the proxy's own, `cli.http_protocol()`, for a proxy)."""
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=1, server_header=not own_headers_only,
-                            date_header=not own_headers_only)
+                            date_header=not own_headers_only, http=http)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from claude_proxy.app import create_app
+from claude_proxy.cli import http_protocol
 from claude_proxy.config import Settings
 from claude_proxy.routing.config import load_config_file
 from claude_proxy.tokens import estimate_request_tokens
@@ -141,7 +142,7 @@ def preflight_proxy(tmp_path: Path, pair: dict[str, ScriptedUpstream]
         settings = Settings(log_file=str(tmp_path / "proxy.log"))
         app = create_app(settings, config=load_config_file(path, settings))
         sock = bind_loopback()
-        server, thread = serve_in_thread(RecordingApp(app), sock)
+        server, thread = serve_in_thread(RecordingApp(app), sock, http=http_protocol())
         started.append((server, thread))
         proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server, app,
                             thread)

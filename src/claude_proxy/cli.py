@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -234,6 +235,16 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(10_000, 50, 100)
 
 
+def http_protocol() -> Any:
+    """uvicorn's httptools protocol sending a response's head with its first body bytes
+    (wire.py), or uvicorn's own choice where httptools cannot be imported."""
+    try:
+        from claude_proxy.wire import HeadHoldingHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return HeadHoldingHttpToolsProtocol
+
+
 def worker_app() -> FastAPI:
     """Application factory for `--workers`: each worker process reads the same settings."""
     env_file = os.environ.get(ENV_FILE_VARIABLE)
@@ -254,11 +265,12 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
     os.environ[WORKERS_VARIABLE] = str(args.workers)
     warn_about_stray_variables(config)
     options = {"host": host, "port": port, "log_config": None,
-               "log_level": settings.log_level.lower(), "access_log": False}
+               "log_level": settings.log_level.lower(), "access_log": False,
+               "http": http_protocol()}
     if args.workers <= 1:
         app = create_app(settings, config=config)
         tune_garbage_collector()
-        uvicorn.run(app, **options)  # type: ignore[arg-type]
+        uvicorn.run(app, **options)
         return 0
     if env_file is not None:
         os.environ[ENV_FILE_VARIABLE] = str(env_file.resolve())
@@ -269,7 +281,7 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
         os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
     with metrics_directory():
         uvicorn.run("claude_proxy.cli:worker_app", factory=True, workers=args.workers,
-                    **options)  # type: ignore[arg-type]
+                    **options)
     return 0
 
 

@@ -154,12 +154,20 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     loop = asyncio.get_running_loop()
     sent = current_record().events  # for the dashboard: one append per write, nothing more
     pump = ChunkPump(stream)
-    reader = asyncio.ensure_future(pump.run())
+    reader: asyncio.Future[None] | None = None
     metrics.active_streams.inc()
-    # message_start goes out with the events of the first chunk, which is already read (the
-    # stream was opened up to it), so the client gets its first text one write sooner.
-    events = converter.start()
+    events: list[dict[str, Any]] = []
     try:
+        # message_start and the events of the chunks read while the stream was opened go out
+        # at once, in the request's task: waiting for the reader task to hand them over cost
+        # turns of the event loop before the client saw its first text.
+        opening = converter.start()
+        more, failure = _convert(converter, stream.take_opening())
+        yield _frame(opening + more, sent)
+        del opening, more
+        if failure is not None:
+            raise failure
+        reader = asyncio.ensure_future(pump.run())
         # After [DONE] the reader only drains the body's end: it is not waited for. After a
         # stop sequence nothing more is wanted: the upstream is cancelled (finally, below).
         while (not (pump.finished or stream.said_done) or pump.chunks) and not converter.stopped:
@@ -190,12 +198,13 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         # The relay may be finishing because it was cancelled (the client left): shield the
         # clean-up, or its first await would be cancelled too and the upstream left open.
         with anyio.CancelScope(shield=True):
-            if stream.said_done and not reader.done():
-                # The body's end is normally already read or on its way; a reader cut off
-                # there loses the connection, and the next request pays for a new one.
-                await asyncio.wait({reader}, timeout=DRAIN_GRACE)
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            if reader is not None:
+                if stream.said_done and not reader.done():
+                    # The body's end is normally already read or on its way; a reader cut
+                    # off there loses the connection, and the next request pays for a new one.
+                    await asyncio.wait({reader}, timeout=DRAIN_GRACE)
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
             await stream.aclose()
 
 

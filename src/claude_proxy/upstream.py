@@ -76,6 +76,12 @@ class UpstreamStream:
             if not self._wire.is_preamble(chunk):
                 break
 
+    def take_opening(self) -> list[Chunk]:
+        """The chunks `prefetch` read (the relay sends them at once); iterating the stream
+        then starts after them."""
+        first, self._first = self._first, []
+        return first
+
     async def __aiter__(self) -> AsyncIterator[list[Chunk]]:
         if self._first:
             first, self._first = self._first, []

@@ -1,0 +1,62 @@
+"""The server's side of the wire: uvicorn's httptools protocol, its response head sent with
+the first body bytes.
+
+uvicorn writes a response's status line and headers in one `transport.write` and its body in
+another, each a `send` system call at once; on loopback a send does the receiver's TCP work
+too, and the client wakes for a head it cannot use without the body. Here the head waits for
+the next write when that follows in the same step (a JSON answer's body, a stream's first
+events: they leave together), and otherwise leaves at the end of the loop iteration (a
+stream whose first event comes later still gets its headers at once). Same bytes, same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_HEAD = b"HTTP/1.1 "
+
+
+class HeadHoldingTransport:
+    """A transport that holds a response head until the next write or the end of the
+    current loop iteration, whichever comes first; everything else is the real one's."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif data.startswith(_HEAD):
+            self._head = data
+            self._loop.call_soon(self._release)
+            return
+        self._transport.write(data)
+
+    def _release(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._head = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol on a HeadHoldingTransport (`uvicorn.Config(http=...)`)."""
+
+    def connection_made(self, transport: Any) -> None:  # uvloop's is no asyncio.Transport
+        super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]

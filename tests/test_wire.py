@@ -1,0 +1,127 @@
+"""The proxy's uvicorn protocol (wire.py): a response's head leaves with its first body bytes
+when they follow at once, and on its own at the end of the loop iteration when they do not.
+A real uvicorn server on loopback, read with a raw socket so each `recv` shows what arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from starlette.types import Receive, Scope, Send
+
+from claude_proxy.cli import http_protocol
+from claude_proxy.wire import HeadHoldingTransport
+from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
+
+released = threading.Event()
+"""Set by a test once it has read the late stream's head: only then does its body come."""
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"5")]})
+    if scope["path"] == "/late":
+        while not released.is_set():
+            await asyncio.sleep(0.01)
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    sock = bind_loopback()
+    server, thread = serve_in_thread(app, sock, own_headers_only=True, http=http_protocol())
+    yield sock.getsockname()[1]
+    released.set()
+    stop_server(server, thread)
+
+
+def request(port: int, path: str) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    return client
+
+
+def read_until(client: socket.socket, end: bytes) -> bytes:
+    data = b""
+    while not data.endswith(end):
+        piece = client.recv(65536)
+        assert piece, f"connection closed after {data!r}"
+        data += piece
+    return data
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\n"
+
+
+def test_the_protocol_is_the_head_holding_one() -> None:
+    assert http_protocol().__name__ == "HeadHoldingHttpToolsProtocol"
+
+
+class RecordingTransport:
+    """What the socket would be asked to send, write by write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_head_and_first_body_go_out_as_one_write() -> None:
+    asyncio.run(head_and_first_body())
+
+
+async def head_and_first_body() -> None:
+    real = RecordingTransport()
+    transport = HeadHoldingTransport(real, asyncio.get_running_loop())
+    transport.write(HEAD)
+    transport.write(b"hello")
+    transport.write(b" more")
+    assert real.writes == [HEAD + b"hello", b" more"]
+    await asyncio.sleep(0)  # the release at the end of the iteration finds nothing held
+    assert real.writes == [HEAD + b"hello", b" more"]
+
+
+def test_a_head_alone_leaves_at_the_end_of_the_iteration_or_on_close() -> None:
+    asyncio.run(head_alone())
+
+
+async def head_alone() -> None:
+    real = RecordingTransport()
+    transport = HeadHoldingTransport(real, asyncio.get_running_loop())
+    transport.write(HEAD)
+    assert real.writes == []
+    await asyncio.sleep(0)
+    assert real.writes == [HEAD]
+    transport.write(HEAD)
+    transport.close()
+    assert real.writes == [HEAD, HEAD] and real.closed
+
+
+def test_a_head_whose_body_comes_later_is_not_held_back(port: int) -> None:
+    with request(port, "/late") as client:
+        assert read_until(client, b"\r\n\r\n") == HEAD  # before the body exists
+        released.set()
+        assert read_until(client, b"hello") == b"hello"
+
+
+def test_keep_alive_answers_stay_in_order(port: int) -> None:
+    with request(port, "/now") as client:
+        assert read_until(client, b"hello") == HEAD + b"hello"
+        client.sendall(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_until(client, b"hello") == HEAD + b"hello"
