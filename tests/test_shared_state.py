@@ -214,6 +214,37 @@ def test_redis_paused_fails_open_once_and_adds_what_was_counted_when_back(
     assert [r.levelname for r in went] == ["WARNING"] and [r.levelname for r in back] == ["INFO"]
 
 
+def test_a_flush_redis_applies_after_its_reply_timed_out_is_not_applied_twice(
+        redis_server: RedisServer) -> None:
+    """A paused Redis reads the flush that timed out once it resumes, and the store sends
+    that flush again when Redis is back: the log entry and the minute's count land once."""
+    keys = prefix()
+
+    async def scenario() -> None:
+        store = RedisStore(redis_server.url, keys, timeout=0.1, process="host-a:1")
+        await store.start()
+        try:
+            redis_server.pause()
+            try:
+                store.append("usage", {"request": "req_1"}, maxlen=50)
+                store.add_fields("minute:1", {"status|200": 1}, ttl=600)
+                store.put("row:req_1", {"status": 200}, ttl=600)
+                await store.sync()  # written to Redis's socket; no reply: it times out
+                assert store.describe()["state"] == "degraded: in-process"
+            finally:
+                redis_server.resume()
+            assert await until(lambda: store.describe()["state"] == "redis ok", timeout=15)
+            await store.sync()
+            assert await store.read_log("usage", 10) == [{"request": "req_1"}]
+            assert await store.read_fields(["minute:1"]) == [{"status|200": 1.0}]
+            assert await store.fetch("row:req_1") == {"status": 200}
+        finally:
+            await store.close()
+
+    run(scenario)
+    assert redis.Redis(port=redis_server.port).xlen(f"{keys}usage") == 1
+
+
 # ---------------------------------------------------------------- replicas and workers
 
 CONFIG = """

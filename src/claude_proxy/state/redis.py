@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -63,7 +63,8 @@ return 1
 """
 """Adds a batch of counter increments once, whatever how often it is sent."""
 WRITE_ALL = """
-local ops = cjson.decode(ARGV[1])
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+local ops = cjson.decode(ARGV[2])
 for _, op in ipairs(ops) do
   local kind = op[1]
   if kind == 's' then
@@ -78,8 +79,11 @@ for _, op in ipairs(ops) do
 end
 return #ops
 """
-"""A flush's writes (records, notices, log entries, minute counters) as one command: the
-operations in ARGV[1] (JSON), the values they name in the ARGV that follow."""
+"""A flush's writes (records, notices, log entries, minute counters) as one command, applied
+once per id (KEYS[1]) like INCREMENT_ONCE: the operations in ARGV[2] (JSON), the values they
+name in the ARGV that follow."""
+UNCONFIRMED_LIMIT = 64
+"""Flushes kept for sending again while Redis does not confirm them (the oldest dropped)."""
 FLUSH_DELAY = 0.05
 """Writes wait this long to share a pipeline with the next requests' (`sync` does not)."""
 MIRRORED = ("health:", "refusal:")
@@ -119,6 +123,16 @@ class RedisStore(StateStore):
         self._write_all = self._client.register_script(WRITE_ALL)
         self._records: OrderedDict[str, tuple[bytes | None, float | None]] = OrderedDict()
         """Records to write (None: delete), the last write of a key winning."""
+        self._unconfirmed: OrderedDict[str, tuple[bytes, list[bytes], list[str]]] = \
+            OrderedDict()
+        """Flushes of records, log entries and minute counters sent under an id until Redis
+        confirms them (operations, values, the records' keys): one whose reply timed out may
+        still be applied,
+        so it is sent again as it was, first, and WRITE_ALL applies each id once (a log
+        entry or a minute's count is then never doubled)."""
+        self._unconfirmed_keys: Counter[str] = Counter()
+        """Keys written by unconfirmed flushes: their local copies are this process's own
+        writes, newer than what Redis may answer meanwhile."""
         self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
         self._fields: dict[str, tuple[dict[str, float], float]] = {}
         self._watched: OrderedDict[str, bool] = OrderedDict()
@@ -215,7 +229,7 @@ class RedisStore(StateStore):
 
     async def fetch(self, key: str) -> Record | None:
         fresh = self._fresh.get(key, float("-inf")) > time.monotonic() - REFRESH_SECONDS
-        if not self._up or fresh or key in self._records:
+        if not self._up or fresh or self._pending(key):
             return self.get(key)
         raw = await self._call(lambda: self._client.get(self.prefix + key))
         if not self._up:
@@ -367,12 +381,10 @@ class RedisStore(StateStore):
         if self._owed:
             self._batches[uuid.uuid4().hex] = self._owed
             self._owed = {}
+        self._take_writes()
         batches = list(self._batches.items())
-        records, self._records = self._records, OrderedDict()
-        appends = list(self._appends)
-        self._appends.clear()
-        fields, self._fields = self._fields, {}
-        if not (batches or records or appends or fields):
+        writes = list(self._unconfirmed.items())
+        if not (batches or writes):
             return True
         pipe = self._client.pipeline(transaction=False)
         for batch, counters in batches:
@@ -381,15 +393,42 @@ class RedisStore(StateStore):
             for amount, ttl in counters.values():
                 args += [amount, max(1, int(ttl)) if ttl is not None else 0]
             pipe.evalsha(self._increment.sha, len(keys), *keys, *args)
-        ops, values = self._operations(records, appends, fields)
-        if ops:
-            pipe.evalsha(self._write_all.sha, 0, orjson.dumps(ops), *values)
+        for flush, (ops, values, _) in writes:
+            pipe.evalsha(self._write_all.sha, 1, f"{self.prefix}batch:{flush}",
+                         BATCH_MEMORY_MS, ops, *values)
         if await self._call(pipe.execute) is None:
-            self._requeue(records, appends, fields)
             return False
         for batch, _ in batches:
             self._batches.pop(batch, None)
+        for flush, _ in writes:
+            self._confirmed(flush)
         return True
+
+    def _take_writes(self) -> None:
+        """The queued records, log entries and minute counters as one flush under a new id
+        (sent after any earlier flush still unconfirmed, so a key's last write wins)."""
+        records, self._records = self._records, OrderedDict()
+        appends = list(self._appends)
+        self._appends.clear()
+        fields, self._fields = self._fields, {}
+        ops, values = self._operations(records, appends, fields)
+        if not ops:
+            return
+        self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        self._unconfirmed_keys.update(list(records))
+        while len(self._unconfirmed) > UNCONFIRMED_LIMIT:
+            self._confirmed(next(iter(self._unconfirmed)))  # dropped: bounded while away
+
+    def _confirmed(self, flush: str) -> None:
+        _, _, keys = self._unconfirmed.pop(flush)
+        self._unconfirmed_keys.subtract(keys)
+        for key in keys:
+            if self._unconfirmed_keys[key] <= 0:
+                del self._unconfirmed_keys[key]
+
+    def _pending(self, key: str) -> bool:
+        """Whether this process has a write of `key` that Redis has not confirmed."""
+        return key in self._records or key in self._unconfirmed_keys
 
     def _operations(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
                     appends: list[tuple[str, bytes, int]],
@@ -402,7 +441,7 @@ class RedisStore(StateStore):
 
         def value(raw: bytes) -> int:
             values.append(raw)
-            return len(values) + 1  # ARGV[1] is the operations
+            return len(values) + 2  # ARGV[1] is the id's lifetime, ARGV[2] the operations
 
         for key, (raw, ttl) in records.items():
             if raw is None:
@@ -418,21 +457,6 @@ class RedisStore(StateStore):
             ops += [["h", self.prefix + key, name, amount] for name, amount in amounts.items()]
             ops.append(["e", self.prefix + key, max(1, int(ttl))])
         return ops, values
-
-    def _requeue(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
-                 appends: list[tuple[str, bytes, int]],
-                 fields: dict[str, tuple[dict[str, float], float]]) -> None:
-        """Writes that did not reach Redis wait for it (newer ones of a key win); the
-        counters' batches stay as they are, under their ids."""
-        records.update(self._records)
-        self._records = records
-        while len(self._records) > PENDING_LIMIT:
-            self._records.popitem(last=False)
-        self._appends.extendleft(reversed(appends))
-        for key, (amounts, ttl) in fields.items():
-            queued = self._fields.setdefault(key, ({}, ttl))[0]
-            for name, amount in amounts.items():
-                queued[name] = queued.get(name, 0.0) + amount
 
     async def _refresh(self, keys: list[tuple[str, bool]]) -> None:
         """Reads the given keys again (one MGET) into the local copy. Under the flush's lock:
@@ -461,7 +485,7 @@ class RedisStore(StateStore):
                     self.local.delete(key)
                 else:
                     self.local.set_total(key, float(raw or 0) + owed)
-            elif key not in self._records:
+            elif not self._pending(key):
                 self._apply_record(key, raw)
 
     async def _reload(self) -> None:
@@ -544,7 +568,7 @@ class RedisStore(StateStore):
         if len(watched) > WATCHED_LIMIT:
             old, _ = watched.popitem(last=False)
             self._fresh.pop(old, None)
-            if not old.startswith(self.mirrored) and old not in self._records:
+            if not old.startswith(self.mirrored) and not self._pending(old):
                 self.local.delete(old)  # no longer kept fresh: not kept at all
 
     def _apply_record(self, key: str, raw: bytes | str | None) -> None:
@@ -567,7 +591,7 @@ class RedisStore(StateStore):
             key = str(notice["k"])
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return
-        if notice.get("p") == self.process or key in self._records:
+        if notice.get("p") == self.process or self._pending(key):
             return
         if not (key in self._watched or key.startswith(self.mirrored)):
             return
