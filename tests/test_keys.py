@@ -700,3 +700,35 @@ def test_built_in_prices_name_the_profiles_default_models() -> None:
     for prices in BUILT_IN_PRICES.values():
         assert prices["price_input"] >= prices.get("price_cache_read", 0)
         assert prices["price_output"] >= prices["price_input"]
+
+
+def test_doctor_lists_the_keys_and_the_price_of_every_model_they_reach(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """Budgets, limits and what each key may use, then each reachable model's price and its
+    source; never a key or its hash."""
+    from tests.test_operations import doctor_responder
+
+    upstream.responder = doctor_responder
+    path = tmp_path / "proxy.toml"
+    path.write_text(config_text(upstream).replace(
+        'default = "alpha,alpha-middle"',
+        'default = "alpha,alpha-middle"\nbackground = "beta,beta-middle"'))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env.update(ALICE_PROXY_KEY=TEAM_KEYS["alice"], LOG_FILE=str(tmp_path / "cli.log"))
+    run = subprocess.run([sys.executable, "-m", "claude_proxy", "doctor", "--config", str(path)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    lines = run.stdout.splitlines()
+    start = lines.index("keys (4)")
+    assert lines[start:start + 9] == [
+        "keys (4)",
+        "  alice  budget $100.00 per month; all providers, all routes",
+        "  bob    no budget; providers beta, all routes",
+        "  carol  budget $1.00 per day; all providers, all routes",
+        "  dave   no budget, rpm 2, tpm 5000; all providers, all routes",
+        "prices (USD per million tokens: input / output / cache read / cache write)",
+        "  alpha,alpha-middle  3 / 15 / 0.3 / 3.75 ([providers.alpha])",
+        "  beta,beta-middle    0.5 / 1.5 / 0.5 / 0.5 ([providers.beta.models.\"beta-middle\"])",
+        "Claude Code will work with this configuration.",
+    ], run.stdout
+    for key in TEAM_KEYS.values():
+        assert key not in run.stdout and sha(key) not in run.stdout

@@ -22,6 +22,8 @@ from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.discovery import discover, windows
+from claude_proxy.routing.model_facts import ModelFacts
+from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
 from claude_proxy.state import check_store
 from claude_proxy.upstream import OpenAIClient
@@ -280,6 +282,7 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
         lines.extend([f"web search backend {config.settings.web_search_backend}",
                       search.line()])
         ok = ok and search.ok
+    lines.extend(keys_report(config))
     settings = config.settings
     if settings.redis_url is not None:
         works_shared, said = await check_store(settings.redis_url.get_secret_value(),
@@ -289,6 +292,43 @@ async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
     lines.append("Claude Code will work with this configuration." if ok else
                  "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok
+
+
+def keys_report(config: ProxyConfig) -> list[str]:
+    """The `[keys]` tables (never a key or its hash): each key's budget, limits and what it
+    may use, then the price of every model a key can be routed to and where it came from."""
+    if not config.keys:
+        return []
+    width = max(len(name) for name in config.keys)
+    lines = [f"keys ({len(config.keys)})"]
+    reached: dict[tuple[str, str], None] = {}
+    for spec in config.keys.values():
+        limits = [f"budget ${spec.budget_usd:.2f} per {spec.budget_period}"
+                  if spec.budget_usd is not None else "no budget"]
+        limits += [f"{name} {value}" for name, value in (("rpm", spec.rpm), ("tpm", spec.tpm))
+                   if value is not None]
+        uses = [f"providers {', '.join(spec.providers)}" if spec.providers else "all providers",
+                f"routes {', '.join(spec.routes)}" if spec.routes else "all routes"]
+        lines.append(f"  {spec.name:<{width}}  {', '.join(limits)}; {', '.join(uses)}")
+        reached.update(dict.fromkeys(reachable(config, spec)))
+    lines.append("prices (USD per million tokens: input / output / cache read / cache write)")
+    named = {pair: f"{pair[0]},{pair[1]}" for pair in reached}
+    width = max(len(name) for name in named.values())
+    for pair, name in named.items():
+        lines.append(f"  {name:<{width}}  {price_note(config.models.facts(*pair))}")
+    return lines
+
+
+def price_note(facts: ModelFacts) -> str:
+    if not facts.priced:
+        return "unpriced: spend not counted (a key with a budget may not use it)"
+    assert facts.price_input is not None and facts.price_output is not None
+    read = facts.price_cache_read if facts.price_cache_read is not None else facts.price_input
+    write = (facts.price_cache_write if facts.price_cache_write is not None
+             else facts.price_input)
+    figures = " / ".join(f"{price:g}" for price in (facts.price_input, facts.price_output,
+                                                    read, write))
+    return f"{figures} ({facts.sources.get('price_input', '')})"
 
 
 def window_note(facts: dict[str, Any] | None) -> str:
