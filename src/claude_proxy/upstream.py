@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -59,8 +59,8 @@ class UpstreamStream:
         self._wire = wire
         self.complete = batches is not None  # a buffered answer is whole by construction
         self.said_done = False
-        """The batch that ended in `[DONE]` has been taken: nothing more will come, though the
-        rest of the body (its terminator) may still be being read."""
+        """The batch that ended in `[DONE]` has been handed out: nothing more will come, though
+        the rest of the body (its terminator) is still to be read by going on iterating."""
 
     async def prefetch(self) -> None:
         """Read ahead to the first chunk that is more than a preamble (raising ProxyError if
@@ -76,11 +76,15 @@ class UpstreamStream:
             if not self._wire.is_preamble(chunk):
                 break
 
-    async def __aiter__(self) -> AsyncIterator[list[Chunk]]:
+    async def __aiter__(self) -> AsyncGenerator[list[Chunk], None]:
+        # `complete` is set as `[DONE]` is read, before its batch is yielded (a buffered
+        # answer is whole from the start: its one batch is the last).
         if self._first:
             first, self._first = self._first, []
+            self.said_done = self.complete
             yield first
         async for batch in self._batches:
+            self.said_done = self.complete
             yield batch
 
     async def aclose(self) -> None:
@@ -118,7 +122,6 @@ class UpstreamStream:
                         batch.append(chunk)
                 chunk = event = None  # nothing of this read is kept while the next is awaited
                 yield batch  # possibly empty (a comment): the relay still sees time pass
-                self.said_done = done  # the consumer has taken the last batch
         except httpx.HTTPError as exc:
             if done:
                 return  # the answer was whole; only its connection is lost
