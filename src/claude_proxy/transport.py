@@ -124,6 +124,30 @@ class _Body(httpx.AsyncByteStream):
             self._response.close()
 
 
+_HEADER_STRINGS: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+"""Request headers as aiohttp takes them (text), one copy shared by every request."""
+HEADER_STRINGS_KEPT = 256
+"""The endpoints' headers are a few dozen; beyond this (content lengths) none is added."""
+
+
+def _header_strings(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """The headers as text, as httpx's `multi_items` gives them (names in lower case).
+    aiohttp keeps a request's headers for as long as its answer is open: decoded anew, every
+    open stream held its own copy of the same few strings. (ASCII ones are shared: the usual
+    case.)"""
+    if headers.encoding != "ascii":
+        return headers.multi_items()
+    made = []
+    for pair in headers.raw:
+        strings = _HEADER_STRINGS.get(pair)
+        if strings is None:
+            strings = (pair[0].lower().decode("ascii"), pair[1].decode("ascii"))
+            if len(_HEADER_STRINGS) < HEADER_STRINGS_KEPT:
+                _HEADER_STRINGS[pair] = strings
+        made.append(strings)
+    return made
+
+
 def _proxy_headers(proxy: httpx.Proxy) -> dict[str, str]:
     """The proxy's own headers, and its `user:password@` as basic auth (as httpx sends it)."""
     headers = dict(proxy.headers)
@@ -184,7 +208,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, session: aiohttp.ClientSession, request: httpx.Request,
                     body: bytes) -> aiohttp.ClientResponse:
-        headers = request.headers.multi_items()
+        headers = _header_strings(request.headers)
         if self._proxy_headers and request.url.scheme == "http":
             # Forwarded by the proxy, not tunnelled: its headers go with the request (aiohttp
             # sends `proxy_headers` only with a CONNECT).
@@ -213,10 +237,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 if self._fresh is None:
                     self._fresh = self._new_session(force_close=True)
                 response = await self._send(self._fresh, request, body)
-        headers = [(name.decode("latin-1"), value.decode("latin-1"))
-                   for name, value in response.raw_headers]
-        return httpx.Response(response.status, headers=headers, stream=_Body(response),
-                              request=request, extensions={"http_version": b"HTTP/1.1"})
+        # As bytes: httpx keeps them as they are (decoded to text and encoded back, each
+        # header was made twice more, and kept for as long as the answer is open).
+        return httpx.Response(response.status, headers=response.raw_headers,
+                              stream=_Body(response), request=request,
+                              extensions={"http_version": b"HTTP/1.1"})
 
     async def aclose(self) -> None:
         for session in (self._session, self._fresh):

@@ -14,9 +14,17 @@ only announce a response, where an error hides, how a whole JSON answer becomes 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+)
 from typing import Any, TypeVar
 
 import httpx
@@ -104,13 +112,14 @@ class UpstreamStream:
         """
         assert self._response is not None
         lines, events = SSELineDecoder(), SSEDecoder()
+        reads, text = _body_reads(self._response)
         done = False
         try:
-            async for text in self._response.aiter_text():
+            async for data in reads:
                 if done:
                     continue
                 batch: list[Chunk] = []
-                for line in lines.decode(text):
+                for line in lines.decode(text.decode(data)):
                     event = events.decode(line)
                     if event is None or not event.data:
                         continue
@@ -276,8 +285,10 @@ class OpenAIClient:
         """One POST; a non-2xx answer or a network failure raises ProxyError."""
         target, headers_for = self._endpoint(url, params)
         content = orjson.dumps(body)
-        headers = httpx.Headers([*self._prepared_headers(target, headers_for, accept).raw,
-                                 (b"content-length", b"%d" % len(content))])
+        # A copy shares the prepared headers' tuples (made anew, each request's copy of them
+        # was kept for as long as its answer is open).
+        headers = self._prepared_headers(target, headers_for, accept).copy()
+        headers["content-length"] = str(len(content))
         request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
         del content
@@ -373,6 +384,20 @@ async def _buffered_batches(response: httpx.Response,
     except httpx.HTTPError as exc:
         raise _transport_error(exc) from exc
     yield list(wire.buffered(_parse_json_body(content)))
+
+
+def _body_reads(response: httpx.Response) -> tuple[AsyncIterable[bytes],
+                                                   codecs.IncrementalDecoder]:
+    """The body one network read at a time, and the decoder of its text: what `aiter_text`
+    gives, without its layers when there is nothing to decompress (httpx's three generators,
+    chunkers and buffers between the transport and the text cost ~4 KiB per open stream).
+    A truncated character left at the end needs no flush: its line has no end either."""
+    text = codecs.getincrementaldecoder(response.encoding or "utf-8")(errors="replace")
+    stream = response.stream
+    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
+        return response.aiter_bytes(), text
+    response.is_stream_consumed = True
+    return stream, text
 
 
 def _parse_chunk(data: str) -> Chunk | None:
