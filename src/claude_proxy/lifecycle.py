@@ -182,9 +182,10 @@ def _convert(converter: StreamConverter,
     return events, None
 
 
-def _frame(events: list[dict[str, Any]], sent: list[list[dict[str, Any]]]) -> bytes:
-    sent.append(events)
+def _frame(events: list[dict[str, Any]], sent: list[bytes]) -> bytes:
     if sse_logger.isEnabledFor(logging.DEBUG):
         for event in events:
             sse_logger.debug("SSE outbound: %s", orjson.dumps(event).decode())
-    return encode_events(events)
+    frame = encode_events(events)
+    sent.append(frame)
+    return frame
