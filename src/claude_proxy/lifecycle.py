@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import anyio
@@ -111,7 +111,6 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     """
     loop = asyncio.get_running_loop()
     sent = current_record().events  # for the dashboard: one append per write, nothing more
-    batches = aiter(stream)
     metrics.active_streams.inc()
     # message_start goes out with the events of the first chunk, which is already read (the
     # stream was opened up to it), so the client gets its first text one write sooner.
@@ -121,7 +120,7 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         # events are out. After a stop sequence nothing more is wanted: the upstream is
         # cancelled (finally, below).
         while not (stream.said_done or converter.stopped):
-            batch = await anext(batches, None)
+            batch = await anext(stream, None)
             if batch is None:
                 break
             if loop.time() > deadline:
@@ -151,18 +150,17 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         # clean-up, or its first await would be cancelled too and the upstream left open.
         with anyio.CancelScope(shield=True):
             if stream.said_done:
-                await _drain(batches)
-            await batches.aclose()
+                await _drain(stream)
             await stream.aclose()
 
 
-async def _drain(batches: AsyncGenerator[list[Chunk], None]) -> None:
+async def _drain(stream: UpstreamStream) -> None:
     """Read the body's end after [DONE] (normally already read or on its way): a response
     closed before it takes its connection with it, and the next request pays for a new one.
     Given up after DRAIN_GRACE; a failure there loses only the connection."""
     try:
         async with asyncio.timeout(DRAIN_GRACE):
-            async for _ in batches:
+            async for _ in stream:
                 pass
     except (TimeoutError, ProxyError):
         pass

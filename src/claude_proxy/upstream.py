@@ -20,7 +20,6 @@ import logging
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
-    AsyncIterator,
     Awaitable,
     Callable,
     Iterator,
@@ -59,7 +58,7 @@ class UpstreamStream:
     already read. `complete` tells, at the end, whether the upstream said `[DONE]`."""
 
     def __init__(self, response: httpx.Response | None,
-                 batches: AsyncIterator[list[Chunk]] | None = None,
+                 batches: AsyncGenerator[list[Chunk], None] | None = None,
                  wire: Wire = CHAT_WIRE) -> None:
         self._response = response
         self._batches = batches if batches is not None else self._read_sse()
@@ -84,22 +83,27 @@ class UpstreamStream:
             if not self._wire.is_preamble(chunk):
                 break
 
-    async def __aiter__(self) -> AsyncGenerator[list[Chunk], None]:
-        # `complete` is set as `[DONE]` is read, before its batch is yielded (a buffered
-        # answer is whole from the start: its one batch is the last).
+    def __aiter__(self) -> UpstreamStream:
+        return self
+
+    async def __anext__(self) -> list[Chunk]:
+        """The next batch, the prefetched one first. (An iterator, not a generator: one
+        generator and its frame less per open stream.) `complete` is set as `[DONE]` is
+        read, before its batch comes out; a buffered answer is whole from the start, its one
+        batch the last."""
         if self._first:
-            first, self._first = self._first, []
-            self.said_done = self.complete
-            yield first
-        async for batch in self._batches:
-            self.said_done = self.complete
-            yield batch
+            batch, self._first = self._first, []
+        else:
+            batch = await anext(self._batches)
+        self.said_done = self.complete
+        return batch
 
     async def aclose(self) -> None:
+        await self._batches.aclose()
         if self._response is not None:
             await self._response.aclose()
 
-    async def _read_sse(self) -> AsyncIterator[list[Chunk]]:
+    async def _read_sse(self) -> AsyncGenerator[list[Chunk], None]:
         """The `data:` payloads of each network read, parsed, until `[DONE]`.
 
         httpx-sse's own decoders do the SSE parsing (comments, `data:` without a space,
@@ -373,12 +377,12 @@ def _parse_json_body(content: bytes) -> Chunk:
     return data
 
 
-async def _one_batch(chunks: Iterator[Chunk]) -> AsyncIterator[list[Chunk]]:
+async def _one_batch(chunks: Iterator[Chunk]) -> AsyncGenerator[list[Chunk], None]:
     yield list(chunks)
 
 
 async def _buffered_batches(response: httpx.Response,
-                            wire: Wire) -> AsyncIterator[list[Chunk]]:
+                            wire: Wire) -> AsyncGenerator[list[Chunk], None]:
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
