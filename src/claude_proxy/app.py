@@ -218,7 +218,6 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
         return json_response({"input_tokens": service.count_tokens(
             body, request.headers.get(SESSION_HEADER))})
 
-    @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
         identity = identify(request)
         payload = await read_json_body(request, settings.max_request_bytes)
@@ -242,6 +241,12 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             return EventStream(relay_events(converter, stream, deadline, metrics), finish)
         return json_response(await before_first_byte(request, service.create(body, session),
                                                      deadline))
+
+    # A plain Starlette route: the handler takes the request and returns a response, so
+    # FastAPI's dependency machinery has nothing to do, but its wrapper kept two exit stacks
+    # and their frames for as long as a stream is open (~5 KiB per open stream, measured).
+    # Errors go through the same exception handlers.
+    app.add_route("/v1/messages", messages, methods=["POST"])
 
     if ledger is not None:
         app.include_router(usage_router(ledger, identify))
