@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from claude_proxy.access import RequestRecord
+from claude_proxy.sse import decode_frames, encode_events
 from claude_proxy.ui.inspect import upstream_view
 from claude_proxy.ui.recorder import ProviderHealth, Recorder
 from claude_proxy.ui.routes import COOKIE
@@ -36,8 +37,9 @@ def fake_record(number: int, events: int = 3) -> RequestRecord:
     record.tokens = {"input": 10, "output": 5, "reasoning": 1, "cached": 0}
     record.client_body = {"model": "claude-x", "max_tokens": 10,
                           "messages": [{"role": "user", "content": "x" * 1000}]}
-    record.events = [[{"type": "content_block_delta", "index": 0,
-                       "delta": {"type": "text_delta", "text": "y"}}] for _ in range(events)]
+    record.events = [encode_events([{"type": "content_block_delta", "index": 0,
+                                     "delta": {"type": "text_delta", "text": "y"}}])
+                     for _ in range(events)]
     record.first_byte = record.started
     return record
 
@@ -371,8 +373,8 @@ def test_startup_line_prints_the_dashboard_url() -> None:
 
 def test_chunks_cost_one_append_per_write(proxy: ProxyServer,
                                           upstream: ScriptedUpstream) -> None:
-    """What recording costs a streaming response: its record holds the lists of events the
-    relay wrote (no copies, no per-chunk work)."""
+    """What recording costs a streaming response: its record holds the frames the relay
+    wrote (no copies, no per-chunk work), and they decode to the events sent."""
     upstream.queue(text_stream([f"p{n} " for n in range(20)]))
     with httpx.stream("POST", f"{proxy.url}/v1/messages", headers=HEADERS,
                       json=message_body(stream=True)) as sent:
@@ -381,7 +383,7 @@ def test_chunks_cost_one_append_per_write(proxy: ProxyServer,
     recorder = proxy.app.state.recorder
     assert eventually(lambda: request_id in recorder.kept)
     record = recorder.kept[request_id]
-    flat = [event for batch in record.events for event in batch]
+    flat = list(decode_frames(record.events))
     assert flat[0]["type"] == "message_start" and flat[-1]["type"] == "message_stop"
     text = "".join(event["delta"]["text"] for event in flat
                    if event["type"] == "content_block_delta")

@@ -72,8 +72,10 @@ class RequestRecord:
     """The request as last sent upstream."""
     added: dict[str, Any] = field(default_factory=dict)
     """The reasoning fields the proxy added to the upstream request."""
-    events: list[list[dict[str, Any]]] = field(default_factory=list)
-    """The Anthropic events streamed to the client, one list per write."""
+    events: list[bytes] = field(default_factory=list)
+    """The SSE frames streamed to the client, one per write (`sse.decode_frames` reads
+    them): the bytes are made for the write anyway, and take a third of the events' dicts,
+    which were kept for as long as the stream and then the inspector's ring held them."""
     message: dict[str, Any] | None = None
     """The whole answer of a non-streaming request."""
     error_body: bytes | None = None

@@ -15,7 +15,6 @@ tokens to the minute's tpm counter, and writes one usage entry to the usage log.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -131,6 +130,10 @@ class Ledger:
         spend of its current period is read back from it (a restart keeps the spend)."""
         if self.store.describe().get("backend") != "in-process":
             return
+        # Only here: SQLite's library takes ~1 MiB of resident memory once loaded, and a
+        # proxy without [keys] never keeps usage.
+        import sqlite3
+
         from claude_proxy.state.durable import SqliteUsageLog
 
         try:

@@ -8,7 +8,7 @@ is `event_stream.EventStream`; web-search streams still use sse-starlette's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -20,3 +20,11 @@ def encode_event(event: dict[str, Any]) -> bytes:
 
 def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(map(encode_event, events))
+
+
+def decode_frames(frames: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The events of frames `encode_events` made (each `data:` line is one whole event)."""
+    for frame in frames:
+        for line in frame.split(b"\n"):
+            if line.startswith(b"data: "):
+                yield orjson.loads(line[6:])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import os
 import ssl
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -124,6 +125,30 @@ class _Body(httpx.AsyncByteStream):
             self._response.close()
 
 
+_HEADER_STRINGS: dict[tuple[bytes, bytes], tuple[str, str]] = {}
+"""Request headers as aiohttp takes them (text), one copy shared by every request."""
+HEADER_STRINGS_KEPT = 256
+"""The endpoints' headers are a few dozen; beyond this (content lengths) none is added."""
+
+
+def _header_strings(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """The headers as text, as httpx's `multi_items` gives them (names in lower case).
+    aiohttp keeps a request's headers for as long as its answer is open: decoded anew, every
+    open stream held its own copy of the same few strings. (ASCII ones are shared: the usual
+    case.)"""
+    if headers.encoding != "ascii":
+        return headers.multi_items()
+    made = []
+    for pair in headers.raw:
+        strings = _HEADER_STRINGS.get(pair)
+        if strings is None:
+            strings = (pair[0].lower().decode("ascii"), pair[1].decode("ascii"))
+            if len(_HEADER_STRINGS) < HEADER_STRINGS_KEPT:
+                _HEADER_STRINGS[pair] = strings
+        made.append(strings)
+    return made
+
+
 def _proxy_headers(proxy: httpx.Proxy) -> dict[str, str]:
     """The proxy's own headers, and its `user:password@` as basic auth (as httpx sends it)."""
     headers = dict(proxy.headers)
@@ -184,7 +209,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, session: aiohttp.ClientSession, request: httpx.Request,
                     body: bytes) -> aiohttp.ClientResponse:
-        headers = request.headers.multi_items()
+        headers = _header_strings(request.headers)
         if self._proxy_headers and request.url.scheme == "http":
             # Forwarded by the proxy, not tunnelled: its headers go with the request (aiohttp
             # sends `proxy_headers` only with a CONNECT).
@@ -213,10 +238,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 if self._fresh is None:
                     self._fresh = self._new_session(force_close=True)
                 response = await self._send(self._fresh, request, body)
-        # The bytes as received (httpx decodes them when asked, as it does httpcore's).
-        return httpx.Response(response.status, headers=list(response.raw_headers),
-                              stream=_Body(response),
-                              request=request, extensions={"http_version": b"HTTP/1.1"})
+        # As bytes: httpx keeps them as they are (decoded to text and encoded back, each
+        # header was made twice more, and kept for as long as the answer is open).
+        return httpx.Response(response.status, headers=response.raw_headers,
+                              stream=_Body(response), request=request,
+                              extensions={"http_version": b"HTTP/1.1"})
 
     async def aclose(self) -> None:
         for session in (self._session, self._fresh):
@@ -231,6 +257,24 @@ class _NoCookies(httpx.Cookies):
 
     def extract_cookies(self, response: httpx.Response) -> None:
         return None
+
+
+_SSL_CONTEXTS: dict[tuple[bool, bool, str | None, str | None], ssl.SSLContext] = {}
+
+
+def shared_ssl_context(verify: ssl.SSLContext | str | bool = True, cert: Any = None,
+                       trust_env: bool = True) -> ssl.SSLContext:
+    """httpx's SSL context for these settings, made once per process: each one holds its
+    own parsed copy of the CA bundle (0.6–0.8 MiB, not given back when dropped), and every
+    provider's client, a proxy's, and the start-up's window discovery asked for the same."""
+    if not isinstance(verify, bool) or cert is not None:
+        return httpx.create_ssl_context(verify, cert, trust_env)
+    environment = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    key = (verify, trust_env, *environment) if trust_env else (verify, False, None, None)
+    context = _SSL_CONTEXTS.get(key)
+    if context is None:
+        context = _SSL_CONTEXTS[key] = httpx.create_ssl_context(verify, None, trust_env)
+    return context
 
 
 class UpstreamHttpClient(httpx.AsyncClient):
@@ -248,7 +292,7 @@ class UpstreamHttpClient(httpx.AsyncClient):
                         **kwargs: Any) -> httpx.AsyncBaseTransport:
         if transport is not None:
             return transport
-        return AiohttpTransport(httpx.create_ssl_context(verify, cert, trust_env),
+        return AiohttpTransport(shared_ssl_context(verify, cert, trust_env),
                                limits or httpx.Limits())
 
     def _init_proxy_transport(self, proxy: httpx.Proxy,
@@ -256,5 +300,5 @@ class UpstreamHttpClient(httpx.AsyncClient):
                               trust_env: bool = True, http1: bool = True, http2: bool = False,
                               limits: httpx.Limits | None = None,
                               **kwargs: Any) -> httpx.AsyncBaseTransport:
-        return AiohttpTransport(httpx.create_ssl_context(verify, cert, trust_env),
+        return AiohttpTransport(shared_ssl_context(verify, cert, trust_env),
                                limits or httpx.Limits(), proxy)

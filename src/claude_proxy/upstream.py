@@ -14,9 +14,16 @@ only announce a response, where an error hides, how a whole JSON answer becomes 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    Awaitable,
+    Callable,
+    Iterator,
+)
 from typing import Any, TypeVar
 
 import httpx
@@ -51,7 +58,7 @@ class UpstreamStream:
     already read. `complete` tells, at the end, whether the upstream said `[DONE]`."""
 
     def __init__(self, response: httpx.Response | None,
-                 batches: AsyncIterator[list[Chunk]] | None = None,
+                 batches: AsyncGenerator[list[Chunk], None] | None = None,
                  wire: Wire = CHAT_WIRE) -> None:
         self._response = response
         self._batches = batches if batches is not None else self._read_sse()
@@ -59,8 +66,8 @@ class UpstreamStream:
         self._wire = wire
         self.complete = batches is not None  # a buffered answer is whole by construction
         self.said_done = False
-        """The batch that ended in `[DONE]` has been taken: nothing more will come, though the
-        rest of the body (its terminator) may still be being read."""
+        """The batch that ended in `[DONE]` has been handed out: nothing more will come, though
+        the rest of the body (its terminator) is still to be read by going on iterating."""
 
     async def prefetch(self) -> None:
         """Read ahead to the first chunk that is more than a preamble (raising ProxyError if
@@ -76,24 +83,27 @@ class UpstreamStream:
             if not self._wire.is_preamble(chunk):
                 break
 
-    def take_opening(self) -> list[Chunk]:
-        """The chunks `prefetch` read (the relay sends them at once); iterating the stream
-        then starts after them."""
-        first, self._first = self._first, []
-        return first
+    def __aiter__(self) -> UpstreamStream:
+        return self
 
-    async def __aiter__(self) -> AsyncIterator[list[Chunk]]:
+    async def __anext__(self) -> list[Chunk]:
+        """The next batch, the prefetched one first. (An iterator, not a generator: one
+        generator and its frame less per open stream.) `complete` is set as `[DONE]` is
+        read, before its batch comes out; a buffered answer is whole from the start, its one
+        batch the last."""
         if self._first:
-            first, self._first = self._first, []
-            yield first
-        async for batch in self._batches:
-            yield batch
+            batch, self._first = self._first, []
+        else:
+            batch = await anext(self._batches)
+        self.said_done = self.complete
+        return batch
 
     async def aclose(self) -> None:
+        await self._batches.aclose()
         if self._response is not None:
             await self._response.aclose()
 
-    async def _read_sse(self) -> AsyncIterator[list[Chunk]]:
+    async def _read_sse(self) -> AsyncGenerator[list[Chunk], None]:
         """The `data:` payloads of each network read, parsed, until `[DONE]`.
 
         httpx-sse's own decoders do the SSE parsing (comments, `data:` without a space,
@@ -106,13 +116,14 @@ class UpstreamStream:
         """
         assert self._response is not None
         lines, events = SSELineDecoder(), SSEDecoder()
+        reads, text = _body_reads(self._response)
         done = False
         try:
-            async for text in self._response.aiter_text():
+            async for data in reads:
                 if done:
                     continue
                 batch: list[Chunk] = []
-                for line in lines.decode(text):
+                for line in lines.decode(text.decode(data)):
                     event = events.decode(line)
                     if event is None or not event.data:
                         continue
@@ -124,7 +135,6 @@ class UpstreamStream:
                         batch.append(chunk)
                 chunk = event = None  # nothing of this read is kept while the next is awaited
                 yield batch  # possibly empty (a comment): the relay still sees time pass
-                self.said_done = done  # the consumer has taken the last batch
         except httpx.HTTPError as exc:
             if done:
                 return  # the answer was whole; only its connection is lost
@@ -281,8 +291,10 @@ class OpenAIClient:
         """One POST; a non-2xx answer or a network failure raises ProxyError."""
         target, headers_for, transport = self._endpoint(url, params)
         content = orjson.dumps(body)
-        headers = httpx.Headers([*self._prepared_headers(target, headers_for, accept).raw,
-                                 (b"content-length", b"%d" % len(content))])
+        # A copy shares the prepared headers' tuples (made anew, each request's copy of them
+        # was kept for as long as its answer is open).
+        headers = self._prepared_headers(target, headers_for, accept).copy()
+        headers["content-length"] = str(len(content))
         request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
         del content
@@ -377,17 +389,31 @@ def _parse_json_body(content: bytes) -> Chunk:
     return data
 
 
-async def _one_batch(chunks: Iterator[Chunk]) -> AsyncIterator[list[Chunk]]:
+async def _one_batch(chunks: Iterator[Chunk]) -> AsyncGenerator[list[Chunk], None]:
     yield list(chunks)
 
 
 async def _buffered_batches(response: httpx.Response,
-                            wire: Wire) -> AsyncIterator[list[Chunk]]:
+                            wire: Wire) -> AsyncGenerator[list[Chunk], None]:
     try:
         content = await response.aread()
     except httpx.HTTPError as exc:
         raise _transport_error(exc) from exc
     yield list(wire.buffered(_parse_json_body(content)))
+
+
+def _body_reads(response: httpx.Response) -> tuple[AsyncIterable[bytes],
+                                                   codecs.IncrementalDecoder]:
+    """The body one network read at a time, and the decoder of its text: what `aiter_text`
+    gives, without its layers when there is nothing to decompress (httpx's three generators,
+    chunkers and buffers between the transport and the text cost ~4 KiB per open stream).
+    A truncated character left at the end needs no flush: its line has no end either."""
+    text = codecs.getincrementaldecoder(response.encoding or "utf-8")(errors="replace")
+    stream = response.stream
+    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
+        return response.aiter_bytes(), text
+    response.is_stream_consumed = True
+    return stream, text
 
 
 def _parse_chunk(data: str) -> Chunk | None:

@@ -13,6 +13,7 @@ import orjson
 
 from claude_proxy.access import RequestRecord
 from claude_proxy.conversion.response_converter import collect_message
+from claude_proxy.sse import decode_frames
 
 logger = logging.getLogger("claude_proxy.ui")
 
@@ -146,7 +147,7 @@ def message_of(record: RequestRecord) -> dict[str, Any]:
     """The Anthropic answer the client got (for a stream: what its events add up to)."""
     if record.message is not None:
         return record.message
-    events = [event for batch in record.events for event in batch]
+    events = list(decode_frames(record.events))
     try:
         return collect_message(event for event in events if event.get("type") != "error")
     except (KeyError, IndexError, TypeError):
@@ -180,10 +181,9 @@ def error_of(record: RequestRecord) -> dict[str, Any] | None:
         if isinstance(body, dict) and isinstance(body.get("error"), dict):
             return dict(body["error"])
         return None
-    for batch in record.events[-2:]:
-        for event in batch:
-            if event.get("type") == "error" and isinstance(event.get("error"), dict):
-                return dict(event["error"])
+    for event in decode_frames(record.events[-2:]):
+        if event.get("type") == "error" and isinstance(event.get("error"), dict):
+            return dict(event["error"])
     return None
 
 

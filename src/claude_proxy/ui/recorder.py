@@ -33,6 +33,7 @@ import orjson
 from claude_proxy.access import RequestRecord
 from claude_proxy.logs import REDACTED, redact
 from claude_proxy.routing.providers import Provider
+from claude_proxy.sse import decode_frames
 from claude_proxy.state.store import StateStore
 from claude_proxy.ui.fleet import FleetLog, Seen
 from claude_proxy.ui.inspect import error_of, inspector_view
@@ -93,11 +94,10 @@ class Flight:
 
     def catch_up(self) -> None:
         """Read the events streamed since the last look (only while someone watches)."""
-        batches = self.record.events
-        for batch in batches[self.read:]:
-            for event in batch:
-                self._see(event)
-        self.read = len(batches)
+        frames = self.record.events
+        for event in decode_frames(frames[self.read:]):
+            self._see(event)
+        self.read = len(frames)
 
     def _see(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -125,10 +125,9 @@ def scope() -> dict[str, Any]:
 def stop_reason_of(record: RequestRecord) -> str | None:
     if record.message is not None:
         return str(record.message.get("stop_reason"))
-    for batch in reversed(record.events[-2:]):
-        for event in batch:
-            if event.get("type") == "message_delta":
-                return str(event.get("delta", {}).get("stop_reason"))
+    for event in reversed(list(decode_frames(record.events[-2:]))):
+        if event.get("type") == "message_delta":
+            return str(event.get("delta", {}).get("stop_reason"))
     return None
 
 

@@ -261,8 +261,9 @@ class SearchFlow:
         sent = current_record().events  # for the dashboard: one append per write
 
         def frame(events: list[dict[str, Any]]) -> bytes:
-            sent.append(events)
-            return encode_events(events)
+            encoded = encode_events(events)
+            sent.append(encoded)
+            return encoded
 
         yield frame([message_start(new_message_id(), plan.body["model"],
                                    estimate_request_tokens(plan.body))])
