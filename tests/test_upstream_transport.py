@@ -333,3 +333,26 @@ def test_an_injected_transport_is_used_as_given() -> None:
     assert asyncio.run(ask(client))["choices"][0]["message"]["content"] == "via"
     assert json.loads(seen[0].content) == {"model": "m", "messages": []}
     assert seen[0].url == "http://upstream.test/v1/chat/completions"
+
+
+def test_a_burst_in_one_read_hands_on_its_first_two_chunks_one_by_one() -> None:
+    """An upstream that sends its whole answer in one write: the opening and the first text
+    are handed on (and sent to the client) before the rest of the read is parsed."""
+    chunks = [{"choices": [{"index": 0, "delta": {"content": f"w{n}"}}]} for n in range(5)]
+    burst = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              stream=httpx.ByteStream(burst + b"data: [DONE]\n\n"))
+
+    async def batches() -> list[list[dict[str, Any]]]:
+        settings = Settings(openai_api_key="k", openai_base_url="http://upstream.test/v1")
+        client = OpenAIClient(settings, transport=httpx.MockTransport(answer))
+        stream = await client.open_stream({"model": "m", "messages": [], "stream": True})
+        read = [list(batch) async for batch in stream]
+        assert stream.complete
+        await stream.aclose()
+        await client.aclose()
+        return read
+
+    assert asyncio.run(batches()) == [chunks[:1], chunks[1:2], chunks[2:]]

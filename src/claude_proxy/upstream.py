@@ -48,6 +48,12 @@ logger = logging.getLogger("claude_proxy.upstream")
 Chunk = dict[str, Any]
 T = TypeVar("T")
 
+EAGER_CHUNKS = 2
+"""The first chunks of a stream, each handed on as soon as it is parsed (the opening, then
+normally the first text), so that an upstream sending a burst in one read (a fast or local
+server, a buffered reply) has its first words sent before the rest of the read is parsed and
+converted (20 chunks: ~0.2 ms)."""
+
 LOGGED_MESSAGE_CHARS = 300
 """How much of an upstream's error message a log line carries."""
 
@@ -118,11 +124,13 @@ class UpstreamStream:
         lines, events = SSELineDecoder(), SSEDecoder()
         reads, text = _body_reads(self._response)
         done = False
+        eager = EAGER_CHUNKS
         try:
             async for data in reads:
                 if done:
                     continue
                 batch: list[Chunk] = []
+                handed = False  # part of this read went out already (eagerly)
                 for line in lines.decode(text.decode(data)):
                     event = events.decode(line)
                     if event is None or not event.data:
@@ -131,10 +139,16 @@ class UpstreamStream:
                         self.complete = done = True
                         break
                     chunk = _parse_chunk(event.data)
-                    if chunk is not None:
-                        batch.append(chunk)
+                    if chunk is None:
+                        continue
+                    batch.append(chunk)
+                    if eager and not self._wire.is_preamble(chunk):
+                        eager -= 1  # out before the rest of the read is parsed
+                        yield batch
+                        batch, handed = [], True
                 chunk = event = None  # nothing of this read is kept while the next is awaited
-                yield batch  # possibly empty (a comment): the relay still sees time pass
+                if batch or done or not handed:
+                    yield batch  # possibly empty (a comment): the relay still sees time pass
         except httpx.HTTPError as exc:
             if done:
                 return  # the answer was whole; only its connection is lost
