@@ -22,9 +22,13 @@ def encode_events(events: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(map(encode_event, events))
 
 
-def decode_frames(frames: Iterable[bytes]) -> Iterator[dict[str, Any]]:
-    """The events of frames `encode_events` made (each `data:` line is one whole event)."""
+def decode_frames(frames: Iterable[bytes],
+                  containing: bytes | None = None) -> Iterator[dict[str, Any]]:
+    """The events of frames `encode_events` made (each `data:` line is one whole event);
+    with `containing`, only those whose line holds it (the others are not parsed)."""
     for frame in frames:
+        if containing is not None and containing not in frame:
+            continue
         for line in frame.split(b"\n"):
-            if line.startswith(b"data: "):
+            if line.startswith(b"data: ") and (containing is None or containing in line):
                 yield orjson.loads(line[6:])

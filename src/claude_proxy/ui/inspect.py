@@ -181,7 +181,7 @@ def error_of(record: RequestRecord) -> dict[str, Any] | None:
         if isinstance(body, dict) and isinstance(body.get("error"), dict):
             return dict(body["error"])
         return None
-    for event in decode_frames(record.events[-2:]):
+    for event in decode_frames(record.events[-2:], b'"type":"error"'):
         if event.get("type") == "error" and isinstance(event.get("error"), dict):
             return dict(event["error"])
     return None

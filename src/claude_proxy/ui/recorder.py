@@ -125,7 +125,8 @@ def scope() -> dict[str, Any]:
 def stop_reason_of(record: RequestRecord) -> str | None:
     if record.message is not None:
         return str(record.message.get("stop_reason"))
-    for event in reversed(list(decode_frames(record.events[-2:]))):
+    # Only the message_delta lines are parsed: this runs for every finished stream.
+    for event in reversed(list(decode_frames(record.events[-2:], b'"message_delta"'))):
         if event.get("type") == "message_delta":
             return str(event.get("delta", {}).get("stop_reason"))
     return None
