@@ -296,6 +296,24 @@ def test_no_session_outlives_shutdown_or_reload(raw: RawServer,
         assert len(open_sessions()) == before
 
 
+def test_a_request_after_shutdown_opens_no_session(raw: RawServer,
+                                                  no_proxy_env: pytest.MonkeyPatch) -> None:
+    """The client sends to its transport itself (not through `client.send`, which refused a
+    closed client): a request that arrives after shutdown is a 502 and no new session."""
+    client = client_for(f"http://127.0.0.1:{raw.port}/v1")
+    before = len(open_sessions())
+
+    async def late() -> ProxyError:
+        await ask(client)  # one request, then the client is closed
+        with pytest.raises(ProxyError) as caught:
+            await client.complete({"model": "m", "messages": []})
+        return caught.value
+
+    error = asyncio.run(late())
+    assert (error.status, error.message) == (502, "upstream connection failed (ConnectError)")
+    assert len(open_sessions()) == before
+
+
 def test_the_request_body_is_not_kept_while_the_answer_is_open(
         raw: RawServer, no_proxy_env: pytest.MonkeyPatch) -> None:
     """A stream lasts minutes and a Claude Code request is 100 KB or more: the transport
