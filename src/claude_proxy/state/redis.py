@@ -127,9 +127,8 @@ class RedisStore(StateStore):
             OrderedDict()
         """Flushes of records, log entries and minute counters sent under an id until Redis
         confirms them (operations, values, the records' keys): one whose reply timed out may
-        still be applied,
-        so it is sent again as it was, first, and WRITE_ALL applies each id once (a log
-        entry or a minute's count is then never doubled)."""
+        still be applied, so it is sent again as it was, first, and WRITE_ALL applies each
+        id once (a log entry or a minute's count is then never doubled)."""
         self._unconfirmed_keys: Counter[str] = Counter()
         """Keys written by unconfirmed flushes: their local copies are this process's own
         writes, newer than what Redis may answer meanwhile."""
