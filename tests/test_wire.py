@@ -82,35 +82,42 @@ class RecordingTransport:
         self.closed = True
 
 
-def test_head_and_first_body_go_out_as_one_write() -> None:
-    asyncio.run(head_and_first_body())
+TICK, CLOSE = "end of the loop iteration", "close"
 
 
-async def head_and_first_body() -> None:
+def written_after_each(*steps: bytes | str) -> tuple[list[list[bytes]], bool]:
+    """Runs `steps` (a write's bytes, TICK or CLOSE) on a HeadHoldingTransport over a
+    recording one: what the socket had been asked to send after each step, and whether the
+    real transport was closed."""
     real = RecordingTransport()
-    transport = HeadHoldingTransport(real, asyncio.get_running_loop())
-    transport.write(HEAD)
-    transport.write(b"hello")
-    transport.write(b" more")
-    assert real.writes == [HEAD + b"hello", b" more"]
-    await asyncio.sleep(0)  # the release at the end of the iteration finds nothing held
-    assert real.writes == [HEAD + b"hello", b" more"]
+
+    async def run() -> list[list[bytes]]:
+        transport = HeadHoldingTransport(real, asyncio.get_running_loop())
+        seen = []
+        for step in steps:
+            if step == TICK:
+                await asyncio.sleep(0)
+            elif step == CLOSE:
+                transport.close()
+            else:
+                assert isinstance(step, bytes)
+                transport.write(step)
+            seen.append(list(real.writes))
+        return seen
+
+    return asyncio.run(run()), real.closed
+
+
+def test_head_and_first_body_go_out_as_one_write() -> None:
+    seen, _ = written_after_each(HEAD, b"hello", b" more", TICK)
+    # The release at the end of the iteration finds nothing held.
+    assert seen == [[], [HEAD + b"hello"], [HEAD + b"hello", b" more"],
+                    [HEAD + b"hello", b" more"]]
 
 
 def test_a_head_alone_leaves_at_the_end_of_the_iteration_or_on_close() -> None:
-    asyncio.run(head_alone())
-
-
-async def head_alone() -> None:
-    real = RecordingTransport()
-    transport = HeadHoldingTransport(real, asyncio.get_running_loop())
-    transport.write(HEAD)
-    assert real.writes == []
-    await asyncio.sleep(0)
-    assert real.writes == [HEAD]
-    transport.write(HEAD)
-    transport.close()
-    assert real.writes == [HEAD, HEAD] and real.closed
+    seen, closed = written_after_each(HEAD, TICK, HEAD, CLOSE)
+    assert seen == [[], [HEAD], [HEAD], [HEAD, HEAD]] and closed
 
 
 def test_a_head_whose_body_comes_later_is_not_held_back(port: int) -> None:

@@ -320,14 +320,10 @@ def keys_report(config: ProxyConfig) -> list[str]:
 
 
 def price_note(facts: ModelFacts) -> str:
-    if not facts.priced:
+    prices = facts.prices()
+    if prices is None:
         return "unpriced: spend not counted (a key with a budget may not use it)"
-    assert facts.price_input is not None and facts.price_output is not None
-    read = facts.price_cache_read if facts.price_cache_read is not None else facts.price_input
-    write = (facts.price_cache_write if facts.price_cache_write is not None
-             else facts.price_input)
-    figures = " / ".join(f"{price:g}" for price in (facts.price_input, facts.price_output,
-                                                    read, write))
+    figures = " / ".join(f"{price:g}" for price in prices)
     return f"{figures} ({facts.sources.get('price_input', '')})"
 
 

@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from claude_proxy.lifecycle import Watching
+
 PING_SECONDS = 15.0
 """sse-starlette's default keep-alive interval, kept."""
 
@@ -50,29 +52,18 @@ class EventStream(Response):
         writer = asyncio.current_task()
         assert writer is not None
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        watcher = asyncio.ensure_future(self._watch(receive, send))
-        left = False
-
-        def client_left(done: asyncio.Future[None]) -> None:
-            nonlocal left
-            if not done.cancelled() and done.exception() is None:
-                left = True
-                writer.cancel()
-
-        watcher.add_done_callback(client_left)
+        watching = Watching(asyncio.ensure_future(self._watch(receive, send)), writer)
         try:
             async for frame in self.frames:
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
-            watcher.remove_done_callback(client_left)
-            watcher.cancel()
+            watching.stop()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not left or writer.uncancel() > 0:
+            if not watching.client_left():
                 raise
             # The client left: the relay has closed the upstream; nothing more to send.
         finally:
-            watcher.remove_done_callback(client_left)
-            watcher.cancel()
+            watching.stop()
             if self.finish is not None:
                 await self.finish()
 

@@ -60,22 +60,13 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
     """
     handler = asyncio.current_task()
     assert handler is not None
-    watcher = asyncio.ensure_future(_disconnected(request))
-    left = False
-
-    def client_left(done: asyncio.Future[None]) -> None:
-        nonlocal left
-        if not done.cancelled() and done.exception() is None:
-            left = True
-            handler.cancel()
-
-    watcher.add_done_callback(client_left)
+    watching = Watching(asyncio.ensure_future(_disconnected(request)), handler)
     timeout = asyncio.timeout_at(deadline)
     try:
         async with timeout:
             return await work
     except asyncio.CancelledError:
-        if left and handler.uncancel() == 0:
+        if watching.client_left():
             raise ClientDisconnected from None
         raise
     except TimeoutError:
@@ -83,8 +74,32 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
             raise deadline_error() from None
         raise
     finally:
-        watcher.remove_done_callback(client_left)
-        watcher.cancel()
+        watching.stop()
+
+
+class Watching:
+    """Cancels the task handling a request when its watcher returns, i.e. when the client
+    disconnected (before the first byte, and while a stream is written)."""
+
+    def __init__(self, watcher: asyncio.Future[None], handler: asyncio.Task[Any]) -> None:
+        self.watcher = watcher
+        self.handler = handler
+        self.left = False
+        watcher.add_done_callback(self._ended)
+
+    def _ended(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.left = True
+            self.handler.cancel()
+
+    def client_left(self) -> bool:
+        """For a CancelledError in the handler: whether the client's leaving caused it, and
+        nothing else (the handler's own cancellation is then taken back)."""
+        return self.left and self.handler.uncancel() == 0
+
+    def stop(self) -> None:
+        self.watcher.remove_done_callback(self._ended)
+        self.watcher.cancel()
 
 
 def transient(error: ProxyError) -> ProxyError:

@@ -35,15 +35,11 @@ USAGE_FIELDS = ("input", "output", "cache_read", "cache_write")
 
 def cost_usd(facts: ModelFacts, tokens: dict[str, int]) -> float | None:
     """The request's price in dollars, or None when the model has no price."""
-    if facts.price_input is None or facts.price_output is None:
+    prices = facts.prices()
+    if prices is None:
         return None
-    read = facts.price_cache_read if facts.price_cache_read is not None else facts.price_input
-    write = (facts.price_cache_write if facts.price_cache_write is not None
-             else facts.price_input)
-    return (tokens.get("input", 0) * facts.price_input
-            + tokens.get("output", 0) * facts.price_output
-            + tokens.get("cache_read", 0) * read
-            + tokens.get("cache_write", 0) * write) / 1e6
+    return sum(tokens.get(kind, 0) * price for kind, price in zip(USAGE_FIELDS, prices,
+                                                                  strict=True)) / 1e6
 
 
 class UsageLog(Protocol):

@@ -40,6 +40,15 @@ class ModelFacts:
         """Input and output have a price (cache prices default to the input price)."""
         return self.price_input is not None and self.price_output is not None
 
+    def prices(self) -> tuple[float, float, float, float] | None:
+        """(input, output, cache read, cache write) in USD per million tokens, the cache
+        prices defaulting to the input price; None without input and output prices."""
+        if self.price_input is None or self.price_output is None:
+            return None
+        return (self.price_input, self.price_output,
+                self.price_input if self.price_cache_read is None else self.price_cache_read,
+                self.price_input if self.price_cache_write is None else self.price_cache_write)
+
     def known(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FACT_KEYS
                 if getattr(self, name) is not None}
