@@ -99,8 +99,10 @@ test-claude-latest: $(VENV)/.installed-test
 test-container: $(VENV)/.installed-test
 	$(BIN)/python -m tests.container
 
+## lint: ruff, and the import contracts of pyproject.toml (the layers of docs/development.md)
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy src

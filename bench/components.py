@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from claude_proxy.access import RequestRecord, _current, mark
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
+from claude_proxy.record import RequestRecord, bind, current_record, mark
+from claude_proxy.server.app import create_app
 from claude_proxy.service import MessagesService, _Walk
 
 T = TypeVar("T")
@@ -75,8 +75,7 @@ def at_once(coroutine: Coroutine[Any, Any, T]) -> T:
 
 def routing(service: MessagesService) -> Callable[[], object]:
     def run() -> object:
-        record = _current.get()
-        assert record is not None
+        record = current_record()
         walk = _Walk(service.router.candidates(BODY, 10, service.sessions.previous(None)),
                      service.providers)
         candidate = at_once(walk.next())
@@ -104,8 +103,7 @@ def dashboard(recorder: Any) -> Callable[[], object]:
 
 def inspector() -> Callable[[], object]:
     def run() -> object:
-        record = _current.get()
-        assert record is not None
+        record = current_record()
         record.client_body, record.upstream_body, record.added = BODY, BODY, {}
         mark("upstream request", "default,gpt-4o")
         mark("first upstream byte", "default")
@@ -121,7 +119,7 @@ async def measure() -> dict[str, float]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         service: MessagesService = app.state.service
-        _current.set(RequestRecord("req_bench", "POST", "/v1/messages"))
+        bind(RequestRecord("req_bench", "POST", "/v1/messages"))
         return {"routing_us": round(per_call_us(routing(service)), 2),
                 "dashboard_us": round(per_call_us(dashboard(app.state.recorder)), 2),
                 "inspector_us": round(per_call_us(inspector()), 2)}

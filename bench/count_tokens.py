@@ -32,8 +32,8 @@ from tests.scripted_upstream import (
 )
 
 from bench.session import SESSION_HEADER, load_turns
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 
 TARGET_ERROR = 0.05
 """count_tokens within 5 % of the upstream's next reported prompt tokens, after turn 1."""

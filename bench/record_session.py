@@ -28,8 +28,8 @@ from tests.scripted_upstream import (
     stop_server,
 )
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_FILE = ROOT / "tests/data/fixtures/claude-code-2.1.328-session-10-turns.json"

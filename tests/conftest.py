@@ -22,10 +22,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from claude_proxy.app import create_app
-from claude_proxy.cli import http_protocol
-from claude_proxy.config import Settings
+from claude_proxy.cli.command_line import http_protocol
+from claude_proxy.config.settings import Settings
 from claude_proxy.logs import LOG_FORMAT, RedactingFilter
+from claude_proxy.server.app import create_app
+from tests import secrets_scan
 from tests.scripted_upstream import ScriptedUpstream, bind_loopback, serve_in_thread, stop_server
 from tests.search_backend import SearchBackendServer
 
@@ -48,7 +49,7 @@ class ProxyServer:
 
 class SuiteRecord:
     """Every byte the proxies answered during the suite, and the suite's log file: the
-    secrets test reads both at the end (tests/test_zz_no_secrets.py)."""
+    secrets scan reads both at the end (`pytest_sessionfinish`, tests/secrets_scan.py)."""
 
     responses: ClassVar[list[bytes]] = []
     log_file: ClassVar[Path | None] = None
@@ -77,6 +78,24 @@ class RecordingApp:
             await send(message)
 
         await self.app(scope, receive, recording_send)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The secrets scan, after every test has run (whatever their order, or their number):
+    a secret in any response or log line fails the run."""
+    if SuiteRecord.log_file is None or not SuiteRecord.log_file.exists():
+        return
+    problems = secrets_scan.scan(session, SuiteRecord.log_file.read_text(encoding="utf-8"),
+                                 SuiteRecord.responses, [UPSTREAM_KEY, CLIENT_KEY],
+                                 [*TEAM_KEYS.values()])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(f"secrets scan: {len(SuiteRecord.responses)} responses and the "
+                            f"suite's log read; " + ("; ".join(problems) or "no secret found"),
+                            red=bool(problems))
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 from tests.claude_code_pin import default_claude_bin, environment
 from tests.scripted_upstream import (
     Reply,

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
-from claude_proxy.doctor import diagnose
-from claude_proxy.routing.config import single_provider_config
-from claude_proxy.transport import AiohttpTransport
+from claude_proxy.cli.doctor import diagnose
+from claude_proxy.config.file import single_provider_config
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
+from claude_proxy.upstream.transport import AiohttpTransport
 from tests.closing_upstream import Close, ClosingUpstream
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
 from tests.sse_grammar import accumulate, check_grammar, parse_sse

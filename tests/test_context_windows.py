@@ -19,11 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from claude_proxy.app import create_app
-from claude_proxy.cli import http_protocol
-from claude_proxy.config import Settings
-from claude_proxy.routing.config import load_config_file
-from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.cli.command_line import http_protocol
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import Settings
+from claude_proxy.routing.tokens import estimate_request_tokens
+from claude_proxy.server.app import create_app
 from tests.conftest import UPSTREAM_KEY, ProxyServer, RecordingApp, eventually, serving
 from tests.scripted_upstream import (
     Reply,

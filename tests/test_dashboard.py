@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from claude_proxy.access import RequestRecord
+from claude_proxy.record import RequestRecord
 from claude_proxy.sse import decode_frames, encode_events
 from claude_proxy.ui.inspect import upstream_view
 from claude_proxy.ui.recorder import ProviderHealth, Recorder
@@ -358,9 +358,9 @@ def test_ui_disabled_records_nothing(proxy_factory: Callable[..., ProxyServer],
 
 
 def test_startup_line_prints_the_dashboard_url() -> None:
-    from claude_proxy.cli import startup_line
-    from claude_proxy.config import Settings
-    from claude_proxy.routing.config import single_provider_config
+    from claude_proxy.cli.command_line import startup_line
+    from claude_proxy.config.file import single_provider_config
+    from claude_proxy.config.settings import Settings
     config = single_provider_config(Settings(openai_api_key="k", provider="openai"))
     assert startup_line(config, "0.0.0.0", 8082, 1).endswith(
         "dashboard http://127.0.0.1:8082/ui")

@@ -328,9 +328,9 @@ def test_login_form_in_the_browser(proxy_factory: Callable[..., ProxyServer],
 def two_providers(tmp_path: Path) -> Iterator[tuple[ProxyServer, dict[str, ScriptedUpstream]]]:
     """A proxy with providers alpha (default route) and beta (fallback); one failure cools
     alpha down."""
-    from claude_proxy.app import create_app
-    from claude_proxy.config import Settings
-    from claude_proxy.routing.config import load_config_file
+    from claude_proxy.config.file import load_config_file
+    from claude_proxy.config.settings import Settings
+    from claude_proxy.server.app import create_app
     from tests.conftest import UPSTREAM_KEY, RecordingApp, eventually, serving
     from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from claude_proxy.config import Settings
-from claude_proxy.launcher import CLAUDE_BIN_VARIABLE, claude_code_environment
-from claude_proxy.routing.config import RouterSettings, single_provider_config
-from claude_proxy.routing.model_facts import FACT_KEYS
+from claude_proxy.cli.launcher import CLAUDE_BIN_VARIABLE, claude_code_environment
+from claude_proxy.config.file import RouterSettings, single_provider_config
+from claude_proxy.config.model_table import FACT_KEYS
+from claude_proxy.config.settings import Settings
 from tests.claude_code_pin import default_claude_bin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ PENDING_PAGES = frozenset({"several-processes.md", "context-windows.md", "keys-a
 """Pages other branches of this round are writing; linked ahead of their arrival. Once a page
 has landed it is checked like any other."""
 
-PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli.py",
+PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
@@ -161,3 +162,30 @@ def test_every_docs_page_is_linked_from_the_front_page() -> None:
     orphans = [page.name for page in sorted((ROOT / "docs").glob("*.md"))
                if f"(docs/{page.name}" not in front]
     assert orphans == []
+
+
+def layout_entries() -> list[str]:
+    """The names the Layout block of docs/development.md lists under src/claude_proxy/."""
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    return [line.split()[0].rstrip("/") for line in block.splitlines()
+            if line.startswith("  ") and line.split()]
+
+
+def layer_order() -> list[str]:
+    """The top-level packages and modules in the order of the layers contract, top first."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in contracts["contracts"] if c["id"] == "layers")["layers"]
+    return [name.strip() for layer in layers for name in re.split(r"[|:]", layer)]
+
+
+def test_the_layout_lists_every_package_in_the_order_of_the_layers() -> None:
+    """One line per package or top-level module, none missing, none stale, in the order the
+    import contract checks (so the page shows the request's path as the code has it)."""
+    source = ROOT / "src" / "claude_proxy"
+    present = {path.stem for path in source.iterdir()
+               if (path.is_dir() and (path / "__init__.py").exists())
+               or (path.suffix == ".py" and path.stem not in ("__init__", "__main__"))}
+    listed = [name.removesuffix(".py") for name in layout_entries()]
+    assert sorted(listed) == sorted(present)
+    assert listed == layer_order()

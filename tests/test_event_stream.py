@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from claude_proxy.event_stream import EventStream
+from claude_proxy.server.event_stream import EventStream
 from claude_proxy.sse import encode_events
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
 

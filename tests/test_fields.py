@@ -17,12 +17,7 @@ import httpx
 import pytest
 
 from claude_proxy.conversion.caching import session_cache_key
-from claude_proxy.conversion.fields import (
-    BETA_VALUES,
-    REQUEST_FIELDS,
-    Treatment,
-    markdown_tables,
-)
+from claude_proxy.conversion.fields import BETA_VALUES, REQUEST_FIELDS, Treatment, markdown_tables
 from claude_proxy.conversion.request_converter import anonymous_user
 from claude_proxy.conversion.structured import apply_structured_output, schema_instruction
 from tests.conftest import ProxyServer, load_fixture

@@ -21,10 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
-from claude_proxy.routing.config import ConfigurationError, load_config_file
-from claude_proxy.tokens import estimate_request_tokens
+from claude_proxy.config.file import ConfigurationError, load_config_file
+from claude_proxy.config.settings import Settings
+from claude_proxy.routing.reach import check_budgets
+from claude_proxy.routing.tokens import estimate_request_tokens
+from claude_proxy.server.app import create_app
 from claude_proxy.ui.routes import COOKIE
 from tests.claude_code_pin import claude_binaries
 from tests.conftest import (
@@ -448,7 +449,7 @@ def test_a_budget_on_a_key_reaching_an_unpriced_model_stops_the_start(
     path = tmp_path / "proxy.toml"
     path.write_text(text)
     with pytest.raises(ConfigurationError) as caught:
-        load_config_file(path, Settings())
+        check_budgets(load_config_file(path, Settings()))
     assert str(caught.value) == (
         f"{path}: [keys.erin] has a budget, but model 'beta-big' of provider 'beta' has no "
         f"price: set price_input and price_output in [providers.beta.models.\"beta-big\"]")
@@ -487,7 +488,7 @@ def test_a_wrong_key_table_names_the_setting(tmp_path: Path, upstream: ScriptedU
 
 
 def test_calendar_periods_in_utc() -> None:
-    from claude_proxy.budget import period_bounds
+    from claude_proxy.keys.budget import period_bounds
 
     def bounds(period: Any, when: datetime) -> tuple[str, str]:
         start, end = period_bounds(period, when.timestamp())
@@ -650,7 +651,7 @@ def test_dashboard_shows_the_keys_panel_and_the_cost_column(
 
 def test_the_start_line_counts_the_keys_and_names_none(tmp_path: Path,
                                                       upstream: ScriptedUpstream) -> None:
-    from claude_proxy.cli import startup_line
+    from claude_proxy.cli.command_line import startup_line
 
     path = tmp_path / "proxy.toml"
     path.write_text(config_text(upstream))
@@ -691,8 +692,8 @@ def test_an_unwritable_data_dir_is_said_once_and_requests_still_served(
 
 def test_built_in_prices_name_the_profiles_default_models() -> None:
     """A profile's default model changes: its built-in price must follow (or go)."""
-    from claude_proxy.config import PROFILES
-    from claude_proxy.routing.prices import BUILT_IN_PRICES
+    from claude_proxy.config.prices import BUILT_IN_PRICES
+    from claude_proxy.config.settings import PROFILES
 
     defaults = {(name, model) for name, profile in PROFILES.items()
                 for model in (profile.big_model, profile.middle_model, profile.small_model)}

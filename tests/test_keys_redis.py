@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("claude_proxy.state.redis")
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
-from claude_proxy.routing.config import load_config_file
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 from tests.conftest import (
     CLIENT_KEY,
     TEAM_KEYS,

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
-from claude_proxy.launcher import claude_code_environment, shell_lines
-from claude_proxy.routing.config import RouterSettings, load_config_file
+from claude_proxy.cli.launcher import claude_code_environment, shell_lines
+from claude_proxy.config.file import RouterSettings, load_config_file
+from claude_proxy.config.settings import Settings
 from claude_proxy.routing.router import Candidate, Router
+from claude_proxy.server.app import create_app
 from tests.conftest import (
     UPSTREAM_KEY,
     ProxyServer,

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from claude_proxy.config import Settings, load_settings
+from claude_proxy.config.settings import Settings, load_settings
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.conversion.tool_groups import disabled_groups, env_name
 from tests.conftest import (
@@ -296,7 +296,7 @@ def test_fastapi_native_telemetry_is_off_unless_the_environment_configures_opent
 ) -> None:
     """FastAPI's native OpenTelemetry looks up the global providers on every request: off by
     default, as FastAPI sets it when any OTEL_ variable is present."""
-    from claude_proxy.app import telemetry_option
+    from claude_proxy.server.app import telemetry_option
 
     assert telemetry_option({"PATH": "/usr/bin"}) == {
         "telemetry": {"tracing": False, "metrics": False, "logs": False}}

@@ -12,9 +12,9 @@ import anthropic
 import pytest
 from dotenv import dotenv_values
 
-from claude_proxy.app import create_app
-from claude_proxy.config import PROFILES, Settings, infer_provider
-from claude_proxy.routing.config import load_config_file
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import PROFILES, Settings, infer_provider
+from claude_proxy.server.app import create_app
 from tests.conftest import UPSTREAM_KEY, ProxyServer, SuiteRecord, eventually, serving
 from tests.scripted_upstream import (
     ScriptedUpstream,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from claude_proxy.config import load_settings, matches_prefix
+from claude_proxy.config.settings import load_settings, matches_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {
@@ -71,5 +71,5 @@ def test_example_loads_as_is() -> None:
     ("https://api.z.ai/api/coding/paas/v4", "glm"),
 ])
 def test_new_hosts_pick_their_profile(url: str, provider: str) -> None:
-    from claude_proxy.config import infer_provider
+    from claude_proxy.config.settings import infer_provider
     assert infer_provider(url) == provider

@@ -17,10 +17,10 @@ import httpx
 import orjson
 import pytest
 
-from claude_proxy.config import ProviderSettings, Settings
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import ProviderSettings, Settings
 from claude_proxy.conversion.caching import cache_mode, takes_cache_key
 from claude_proxy.metrics import CacheStats
-from claude_proxy.routing.config import load_config_file
 from tests.conftest import ProxyServer, eventually, load_fixture
 from tests.scripted_upstream import (
     Reply,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.reasoning import level_for_budget, requested_reasoning
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.signatures import ThinkingSigner

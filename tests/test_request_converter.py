@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.ids import to_anthropic_id, to_upstream_id
 from claude_proxy.conversion.request_converter import anonymous_user, convert_request, map_model
 from tests.conftest import load_fixture

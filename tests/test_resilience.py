@@ -14,10 +14,10 @@ import httpx
 import pytest
 import respx
 
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.errors import ProxyError
-from claude_proxy.retry import MAX_RETRY_AFTER_SECONDS, RetryPolicy
-from claude_proxy.upstream import OpenAIClient
+from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.retry import MAX_RETRY_AFTER_SECONDS, RetryPolicy
 from tests.conftest import ProxyServer, eventually, free_port
 from tests.scripted_upstream import (
     Reply,

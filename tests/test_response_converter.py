@@ -9,21 +9,24 @@ import pytest
 
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
-    _merge_reasoning_fields,
     collect_message,
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError
-from claude_proxy.upstream import OpenAIClient
+from claude_proxy.upstream.chat_completions import ChatCompletionsParser
+from claude_proxy.upstream.client import OpenAIClient
 from tests.scripted_upstream import TRANSCRIPTS, chunk, load_transcript, transcript_chunks
 from tests.sse_grammar import Event, accumulate, check_grammar
 
 SIGNER = ThinkingSigner("test-secret")
 
 
-def converter(model: str = "claude-sonnet-4-6") -> StreamConverter:
-    return StreamConverter(model, input_tokens=7, sign=SIGNER.sign, message_id="msg_test")
+def converter(model: str = "claude-sonnet-4-6", **options: Any) -> StreamConverter:
+    """The converter the service builds for a Chat Completions upstream (`options` are the
+    parser's)."""
+    return StreamConverter(model, input_tokens=7, sign=SIGNER.sign, message_id="msg_test",
+                           parser=ChatCompletionsParser(**options))
 
 
 def run(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,18 +225,6 @@ def test_error_object_in_stream_raises_and_fail_closes_open_blocks() -> None:
                                                      "message": "provider overloaded"}}
 
 
-def test_merge_reasoning_fields_dialects() -> None:
-    assert _merge_reasoning_fields({"reasoning_content": "a", "reasoning": "b"}) == "a"
-    assert _merge_reasoning_fields({"reasoning_content": "", "reasoning": " "}) == " "
-    assert _merge_reasoning_fields({"thinking": "c"}) == "c"
-    assert _merge_reasoning_fields({"thinking": {"content": "d"}}) == "d"
-    assert _merge_reasoning_fields({"thinking": {"text": "e"}}) == "e"
-    assert _merge_reasoning_fields({"reasoning_details": [
-        {"type": "reasoning.text", "text": "f"}, {"type": "reasoning.summary", "summary": "g"},
-        {"type": "reasoning.encrypted", "data": "xxx"}]}) == "fg"
-    assert _merge_reasoning_fields({"content": "h"}) == ""
-
-
 def test_buffered_completion_gives_the_same_events_as_a_stream() -> None:
     completion = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "reasoning_content": "think", "content": "text",
@@ -264,6 +255,18 @@ def test_buffered_completion_gives_the_same_events_as_a_stream() -> None:
 # ---------------------------------------------------------------- recorded transcripts
 
 
+def reasoning_text(delta: dict[str, Any]) -> str:
+    """The oracle's reading of a delta's reasoning: the first non-empty dialect field."""
+    for value in (delta.get("reasoning_content"), delta.get("reasoning"), delta.get("thinking")):
+        if isinstance(value, dict):
+            value = value.get("content") or value.get("text")
+        if isinstance(value, str) and value:
+            return value
+    details = delta.get("reasoning_details")
+    return "".join(item.get("text") or item.get("summary") or "" for item in details
+                   if isinstance(item, dict)) if isinstance(details, list) else ""
+
+
 def expected_from_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     """An independent oracle: reasoning and content concatenated, tool calls grouped by
     index (a new id at a used index starts a new call), whitespace-only text runs between
@@ -273,7 +276,7 @@ def expected_from_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     for data in chunks:
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
-            piece = _merge_reasoning_fields(delta)
+            piece = reasoning_text(delta)
             if piece:
                 reasoning.append(piece)
                 segments.append([])

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
     collect_message,
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
-from claude_proxy.upstreams import responses
+from claude_proxy.upstream import chat_completions, responses
 from tests.scripted_upstream import OPAQUE, recorded_turns
 from tests.sse_grammar import Event, check_grammar
 
@@ -252,8 +252,9 @@ def test_envelope_round_trip_tamper_and_size() -> None:
 def chat_blocks(chunks: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
     def sign(thinking: str, opaque: list[dict[str, Any]] | None = None, /) -> str:
         return SIGNER.sign(thinking, opaque, origin=ORIGIN)
-    out = convert_chunks(chunks, StreamConverter("claude-sonnet-4-6", input_tokens=1, sign=sign,
-                                                 **options))
+    out = convert_chunks(chunks, StreamConverter(
+        "claude-sonnet-4-6", input_tokens=1, sign=sign,
+        parser=chat_completions.ChatCompletionsParser(**options)))
     check_grammar([Event(event["type"], event) for event in out])
     return list(collect_message(out)["content"])
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from claude_proxy.config import ProviderSettings, Settings
+from claude_proxy.config.file import ConfigurationError, RouterSettings, load_config_file
+from claude_proxy.config.settings import ProviderSettings, Settings
 from claude_proxy.errors import ProxyError
-from claude_proxy.routing.config import ConfigurationError, RouterSettings, load_config_file
 from claude_proxy.routing.health import CircuitBreaker
 from claude_proxy.routing.router import Candidate, Router
 from tests.conftest import load_fixture

@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
-from claude_proxy.routing.config import load_config_file
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 from tests.conftest import (
     UPSTREAM_KEY,
     ProxyServer,

@@ -28,10 +28,10 @@ import httpx
 import pytest
 import redis
 
-from claude_proxy.capabilities import Refusals
 from claude_proxy.routing.health import CircuitBreaker
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.redis import RedisStore
+from claude_proxy.upstream.capabilities import Refusals
 from tests.conftest import RedisServer, clean_env, eventually, free_port
 from tests.scripted_upstream import Reply, ScriptedUpstream, error_reply
 from tests.test_dashboard_browser import CHROMIUM, Page, browser  # noqa: F401 (a fixture)

@@ -9,6 +9,7 @@ import pytest
 from claude_proxy.conversion.response_converter import StreamConverter, convert_chunks
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.conversion.think_tags import ThinkTagSplitter
+from claude_proxy.upstream.chat_completions import ChatCompletionsParser
 from tests.scripted_upstream import chunk, transcript_chunks
 from tests.sse_grammar import Event, accumulate, check_grammar
 
@@ -73,8 +74,9 @@ def test_unclosed_thinking_at_the_end_stays_thinking() -> None:
 
 
 def converter(**options: Any) -> StreamConverter:
+    """`options` are the Chat Completions parser's."""
     return StreamConverter("claude-sonnet-4-6", input_tokens=1,
-                           sign=ThinkingSigner("k").sign, **options)
+                           sign=ThinkingSigner("k").sign, parser=ChatCompletionsParser(**options))
 
 
 def blocks(chunks: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:

@@ -23,11 +23,16 @@ import aiohttp
 import httpx
 import pytest
 
-from claude_proxy.app import create_app
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.errors import ProxyError
-from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient, _mapped
-from claude_proxy.upstream import OpenAIClient
+from claude_proxy.server.app import create_app
+from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.transport import (
+    AiohttpTransport,
+    OneShotBody,
+    UpstreamHttpClient,
+    _mapped,
+)
 from tests.scripted_upstream import bind_loopback
 
 ANSWER = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",

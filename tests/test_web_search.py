@@ -24,7 +24,7 @@ from anthropic.types import (
 
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.websearch.backends import Hit, Query, filter_hits, host_matches
-from claude_proxy.websearch.blocks import decode_token, encode_token
+from claude_proxy.websearch.search_blocks import decode_token, encode_token
 from tests.conftest import ProxyServer, eventually, serving
 from tests.scripted_upstream import Reply, ScriptedUpstream, completion, error_reply
 from tests.search_backend import HITS, SearchBackendServer

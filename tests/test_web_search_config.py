@@ -14,13 +14,13 @@ import anthropic
 import pytest
 from anthropic.types import WebSearchToolResultBlock
 
-from claude_proxy.app import create_app
-from claude_proxy.cli import read_config
-from claude_proxy.config import Settings
-from claude_proxy.routing.config import ConfigurationError
+from claude_proxy.cli.command_line import read_config
+from claude_proxy.config.file import ConfigurationError
+from claude_proxy.config.settings import Settings
+from claude_proxy.server.app import create_app
 from claude_proxy.websearch.backends import Hit, brave_hits, exa_hits, searxng_hits, tavily_hits
-from claude_proxy.websearch.config import describe
 from claude_proxy.websearch.native import native_hits
+from claude_proxy.websearch.table import describe
 from tests.conftest import UPSTREAM_KEY, clean_env, eventually, serving
 from tests.scripted_upstream import (
     ScriptedUpstream,

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from claude_proxy.cli import http_protocol
-from claude_proxy.wire import HeadHoldingTransport
+from claude_proxy.cli.command_line import http_protocol
+from claude_proxy.server.http_protocol import HeadHoldingTransport
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
 
 released = threading.Event()

@@ -1,3 +1,3 @@
-from claude_proxy.cli import main
+from claude_proxy.cli.command_line import main
 
 raise SystemExit(main())

@@ -15,8 +15,32 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
 
-from claude_proxy.access import RequestRecord, current_record, mark, record_usage
-from claude_proxy.capabilities import (
+from claude_proxy.config.file import ProxyConfig
+from claude_proxy.config.settings import ProviderSettings
+from claude_proxy.conversion.caching import session_cache_key
+from claude_proxy.conversion.reasoning import OpaqueFor
+from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
+from claude_proxy.conversion.response_converter import (
+    StreamConverter,
+    WireParser,
+    collect_message,
+    convert_chunks,
+)
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
+from claude_proxy.conversion.structured import apply_responses_structured_output
+from claude_proxy.errors import ProxyError
+from claude_proxy.keys.ring import KeyRing
+from claude_proxy.metrics import Metrics
+from claude_proxy.record import RequestRecord, current_record, mark, record_usage
+from claude_proxy.routing import calibration, preflight
+from claude_proxy.routing.providers import Provider
+from claude_proxy.routing.router import Candidate, Router
+from claude_proxy.routing.sessions import SessionSizes
+from claude_proxy.routing.tokens import encoding_name, estimate_request_tokens
+from claude_proxy.state.local import LocalStore
+from claude_proxy.state.store import StateStore
+from claude_proxy.upstream import chat_completions, llamacpp, responses
+from claude_proxy.upstream.capabilities import (
     REASONING,
     SUMMARY,
     drop_refused,
@@ -25,39 +49,23 @@ from claude_proxy.capabilities import (
     refused_structured,
     structured_mode,
 )
-from claude_proxy.config import ProviderSettings
-from claude_proxy.conversion.caching import session_cache_key
-from claude_proxy.conversion.reasoning import OpaqueFor
-from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
-from claude_proxy.conversion.response_converter import (
-    StreamConverter,
-    collect_message,
-    convert_chunks,
-)
-from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
-from claude_proxy.conversion.structured import apply_responses_structured_output
-from claude_proxy.errors import ProxyError
-from claude_proxy.keys import KeyRing
-from claude_proxy.metrics import Metrics
-from claude_proxy.overflow import ContextOverflow, context_overflow
-from claude_proxy.retry import parse_retry_after
-from claude_proxy.routing import calibration, preflight
-from claude_proxy.routing.config import ProxyConfig
-from claude_proxy.routing.providers import Provider
-from claude_proxy.routing.router import Candidate, Router
-from claude_proxy.routing.sessions import SessionSizes
-from claude_proxy.state.local import LocalStore
-from claude_proxy.state.store import StateStore
-from claude_proxy.tokens import encoding_name, estimate_request_tokens
-from claude_proxy.upstream import OpenAIClient, UpstreamStream
-from claude_proxy.upstreams import chat_completions, llamacpp, responses
-from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream
-from claude_proxy.websearch.blocks import replay_blocks
+from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
+from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
+from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
+from claude_proxy.upstream.retry import parse_retry_after
 
 logger = logging.getLogger("claude_proxy.service")
 
 T = TypeVar("T")
 Send = Callable[[Provider, UpstreamRequest], Awaitable[T]]
+BodyStep = Callable[[dict[str, Any]], dict[str, Any]]
+"""A change to the client's body before it is converted, handed in by a layer above (the web
+search's replay of earlier searches as text): the service knows no feature above it."""
+
+
+def unchanged(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
 
 SERVER_PROFILE_KEY = "server-profile:"
 """Store records: the profile a provider's server was recognised as (per provider name)."""
@@ -140,8 +148,11 @@ it, four characters a token is not wrong by enough to matter."""
 class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
                  signer: ThinkingSigner, metrics: Metrics,
-                 store: StateStore | None = None, keys: KeyRing | None = None) -> None:
+                 store: StateStore | None = None, keys: KeyRing | None = None,
+                 replay: BodyStep = unchanged) -> None:
         self.config = config
+        self.replay = replay
+        """Earlier turns' blocks of features above this layer, as the upstream can take them."""
         self.keys = keys
         """The `[keys]` (None without): what each key may be routed to."""
         self.store = store or LocalStore()
@@ -222,7 +233,7 @@ class MessagesService:
         """The upstream request, minus whatever this model is known to refuse. The one place
         that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
         the provider sets RESPONSES_API=false), /chat/completions for the rest."""
-        body = replay_blocks(body, self.signer)  # earlier web searches as text
+        body = self.replay(body)  # earlier web searches as text
         body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
         opaque_for = self.opaque_for(self.origin(provider, model))
@@ -252,15 +263,18 @@ class MessagesService:
         parser, and signatures naming that provider and model."""
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
-        parser = responses.ResponsesParser() if upstream.api == "responses" else None
+        parser: WireParser
+        if upstream.api == "responses":
+            parser = responses.ResponsesParser()
+        else:
+            parser = chat_completions.ChatCompletionsParser(
+                think_tags=upstream.think_tags, leading_think_tags=True,
+                show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
         return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
                                sign=partial(self.signer.sign, origin=origin, hidden=omitted),
-                               omit_thinking=omitted,
-                               think_tags=upstream.think_tags, leading_think_tags=True,
-                               show_inline_thinking=upstream.thinking,
-                               text_tools=upstream.text_tools, parser=parser,
+                               parser=parser, omit_thinking=omitted,
                                stop_sequences=body.get("stop_sequences") or ())
 
     # ------------------------------------------------------------ routing and failover
@@ -444,7 +458,7 @@ class MessagesService:
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
             return (Attempt(provider, candidate, upstream, fit),
-                    await _sent(provider, upstream, send))
+                    await _timed_send(provider, upstream, send))
         except ProxyError as error:
             known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
             refused = [] if known else self._refused_fields(error, upstream)
@@ -460,7 +474,7 @@ class MessagesService:
             await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
             return (Attempt(provider, candidate, upstream, fit),
-                    await _sent(provider, upstream, send))
+                    await _timed_send(provider, upstream, send))
 
     @staticmethod
     def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
@@ -551,7 +565,7 @@ class MessagesService:
                              calibration.thread(record.client_body) if session else "")
 
 
-async def _sent(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
+async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
     """`send`, with its moments on the request's timeline (the dashboard's inspector)."""
     mark("upstream request", f"{provider.name},{upstream.body['model']}")
     try:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from claude_proxy.config import CacheMode, ProviderSettings, matches_prefix
+from claude_proxy.config.settings import CacheMode, ProviderSettings, matches_prefix
 
 MAX_BREAKPOINTS = 4
 # TTLs OpenRouter passes to Anthropic; everywhere else the marker is just `ephemeral`.

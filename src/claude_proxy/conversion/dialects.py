@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from claude_proxy.config import matches_prefix
+from claude_proxy.config.settings import matches_prefix
 from claude_proxy.conversion.messages import AssistantTurn
 from claude_proxy.conversion.reasoning import ReasoningRequest, our_thinking
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from claude_proxy.config import Dialect, Passback, ProviderSettings
+from claude_proxy.config.settings import Dialect, Passback, ProviderSettings
 from claude_proxy.conversion.messages import AssistantTurn
 
 logger = logging.getLogger("claude_proxy.conversion")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from claude_proxy.config import Dialect, ProviderSettings, matches_prefix
+from claude_proxy.config.settings import Dialect, ProviderSettings, Tier, matches_prefix
 from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
 from claude_proxy.conversion.dialects import (
     attach_reasoning_details,
@@ -45,15 +45,11 @@ from claude_proxy.conversion.tool_groups import (
     groups_with_extensions,
     remove_tool_groups,
 )
-from claude_proxy.conversion.tools import (
-    convert_tool_choice,
-    convert_tools,
-    referenced_tool_names,
-)
+from claude_proxy.conversion.tools import convert_tool_choice, convert_tools, referenced_tool_names
 
 logger = logging.getLogger("claude_proxy.conversion")
 
-_TIERS = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
+_TIERS: tuple[tuple[str, Tier], ...] = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
 # Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
 # APIs of the others have no such field.
 TOP_K_PROFILES = frozenset({"vllm", "llamacpp", "ollama"})
@@ -64,7 +60,7 @@ def map_model(requested: str, settings: ProviderSettings) -> str:
     lowered = requested.lower()
     for marker, tier in _TIERS:
         if marker in lowered:
-            return settings.model_for_tier(tier)  # type: ignore[arg-type]
+            return settings.model_for_tier(tier)
     return requested
 
 

@@ -1,10 +1,9 @@
 """An upstream answer → Anthropic stream events, and the Message those add up to.
 
 `StreamConverter` pairs the upstream API's parser (wire events → internal deltas, in
-`upstreams/`) with the one block state machine (`conversion/blocks.py`). Chat Completions is
-the default parser; the Responses API brings its own. A buffered (non-streamed) upstream answer
-is cut into events and fed through the same machine, and a non-streaming client gets the
-Message these events add up to.
+`upstream/`), handed in by whoever chose the API, with the one block state machine
+(`conversion/blocks.py`). A buffered (non-streamed) upstream answer is cut into events and fed
+through the same machine, and a non-streaming client gets the Message these events add up to.
 """
 
 from __future__ import annotations
@@ -18,14 +17,8 @@ import orjson
 from claude_proxy.conversion.blocks import BlockMachine, Event, Sign
 from claude_proxy.conversion.deltas import Delta
 from claude_proxy.errors import ProxyError
-from claude_proxy.upstreams.chat_completions import (
-    STOP_REASONS,
-    ChatCompletionsParser,
-    _merge_reasoning_fields,
-)
 
-__all__ = ["STOP_REASONS", "StreamConverter", "WireParser", "_merge_reasoning_fields",
-           "collect_message", "convert_chunks"]
+__all__ = ["StreamConverter", "WireParser", "collect_message", "convert_chunks"]
 
 logger = logging.getLogger("claude_proxy.conversion")
 
@@ -47,27 +40,18 @@ class StreamConverter(BlockMachine):
         *,
         input_tokens: int,
         sign: Sign,
+        parser: WireParser,
         message_id: str | None = None,
-        think_tags: bool = False,
-        leading_think_tags: bool = False,
-        show_inline_thinking: bool = True,
-        text_tools: dict[str, Any] | None = None,
         omit_thinking: bool = False,
-        parser: WireParser | None = None,
         stop_sequences: Sequence[str] = (),
     ) -> None:
-        """`think_tags` splits `<think>` sections out of the content, `leading_think_tags`
-        only content that starts with one; with `show_inline_thinking` False (the client
-        turned thinking off) they are removed. `text_tools` (the declared tools) turns tool
-        calls written as text into tool calls. `parser` replaces the Chat Completions parser
-        (the Responses API). `stop_sequences`: the client's, matched in the text.
-        `omit_thinking` (`thinking.display: "omitted"`) sends thinking blocks without their
-        text, which `sign` keeps in the signature."""
+        """`parser`: the upstream API's (its options, such as `<think>` splitting, are its
+        own). `stop_sequences`: the client's, matched in the text. `omit_thinking`
+        (`thinking.display: "omitted"`) sends thinking blocks without their text, which `sign`
+        keeps in the signature."""
         super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
                          stop_sequences=stop_sequences, omit_thinking=omit_thinking)
-        self.parser: WireParser = parser or ChatCompletionsParser(
-            think_tags=think_tags, leading_think_tags=leading_think_tags,
-            show_inline_thinking=show_inline_thinking, text_tools=text_tools)
+        self.parser = parser
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from claude_proxy.routing.config import ROUTE_NAMES
+from claude_proxy.config.file import ROUTE_NAMES
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.router import Router, asked_route
 

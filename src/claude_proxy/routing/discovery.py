@@ -24,12 +24,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from claude_proxy.config import ProviderSettings
-from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
-from claude_proxy.routing.model_facts import ModelFacts
-from claude_proxy.transport import UpstreamHttpClient
-from claude_proxy.upstream import OpenAIClient
-from claude_proxy.upstreams.llamacpp import parse_props
+from claude_proxy.config.file import ROUTE_NAMES, ProxyConfig
+from claude_proxy.config.model_table import ModelFacts
+from claude_proxy.config.settings import TIERS, ProviderSettings
+from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.llamacpp import parse_props
+from claude_proxy.upstream.transport import UpstreamHttpClient
 
 logger = logging.getLogger("claude_proxy.discovery")
 
@@ -47,7 +47,7 @@ def models_in_use(config: ProxyConfig) -> dict[str, list[str]]:
     """Each provider's models: its big/middle/small models, then those its routes name."""
     used: dict[str, list[str]] = {}
     for name, settings in config.providers.items():
-        used[name] = [settings.model_for_tier(tier) for tier in ("big", "middle", "small")]
+        used[name] = [settings.model_for_tier(tier) for tier in TIERS]
     router = config.router
     if router is not None:
         for entry in [e for route in ROUTE_NAMES for e in router.route(route)] + router.fallback:

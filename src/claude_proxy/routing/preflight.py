@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from claude_proxy.overflow import too_long
 from claude_proxy.routing.router import Candidate
+from claude_proxy.upstream.overflow import too_long
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from claude_proxy.capabilities import Refusals
-from claude_proxy.config import ProviderSettings
-from claude_proxy.routing.config import ProxyConfig
+from claude_proxy.config.file import ProxyConfig
+from claude_proxy.config.settings import TIERS, ProviderSettings
 from claude_proxy.routing.health import CircuitBreaker
 from claude_proxy.state.store import StateStore
-from claude_proxy.upstream import OpenAIClient
+from claude_proxy.upstream.capabilities import Refusals
+from claude_proxy.upstream.client import OpenAIClient
 
 
 @dataclass
@@ -26,9 +26,7 @@ class Provider:
     @property
     def models(self) -> list[str]:
         """Its configured models (big, middle, small), without repeats."""
-        tiers = ("big", "middle", "small")
-        return list(dict.fromkeys(self.settings.model_for_tier(tier)  # type: ignore[arg-type]
-                                  for tier in tiers))
+        return list(dict.fromkeys(self.settings.model_for_tier(tier) for tier in TIERS))
 
 
 def build_providers(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None = None,

@@ -27,21 +27,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config.file import ROUTE_NAMES, RouterSettings
+from claude_proxy.config.settings import TIERS, ProviderSettings
 from claude_proxy.conversion.request_converter import map_model
 from claude_proxy.errors import ProxyError
-from claude_proxy.routing.config import ROUTE_NAMES, RouterSettings
 
 _CONTEXT_SUFFIX = re.compile(r"\[1m\]$", re.IGNORECASE)
 _THINK_EFFORTS = frozenset({"xhigh", "max"})
 _MEDIA_BLOCKS = frozenset({"image", "document"})
 ROUTE_ID_PREFIX = "route:"
 """Model ids that name a route rather than a model (`route:default`, `route:background`)."""
-Tier = Literal["big", "middle", "small"]
-TIERS: tuple[Tier, ...] = ("big", "middle", "small")
-"""Without a `[router]` table, the route ids name the first provider's model tiers."""
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from claude_proxy.access import RequestRecord
 from claude_proxy.conversion.response_converter import collect_message
+from claude_proxy.record import RequestRecord
 from claude_proxy.sse import decode_frames
 
 logger = logging.getLogger("claude_proxy.ui")

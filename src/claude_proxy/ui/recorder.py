@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from claude_proxy.access import RequestRecord
 from claude_proxy.logs import REDACTED, redact
+from claude_proxy.record import RequestRecord
 from claude_proxy.routing.providers import Provider
 from claude_proxy.sse import decode_frames
 from claude_proxy.state.store import StateStore

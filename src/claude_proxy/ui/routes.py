@@ -25,9 +25,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
-from claude_proxy.auth import key_matches, presented_keys
-from claude_proxy.config import Settings
+from claude_proxy.config.settings import Settings
 from claude_proxy.errors import error_body
+from claude_proxy.keys.auth import key_matches, presented_keys
 from claude_proxy.ui.fleet import Seen
 from claude_proxy.ui.recorder import Recorder
 
@@ -85,95 +85,119 @@ autofocus required></label><input type="hidden" name="next" value="{html.escape(
 <button type="submit">Open the dashboard</button></form></body></html>""".encode()
 
 
-def dashboard_router(settings: Settings, recorder: Recorder) -> APIRouter:
-    router = APIRouter()
-    key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else ""
-    sessions = Sessions(key) if key else None
-    page = _static("index.html")
+class Dashboard:
+    """What the dashboard's handlers share (`app.state.dashboard`): the recorder, and the
+    client key's session cookies when a key is set."""
 
-    def authorized(request: Request) -> bool:
-        if sessions is None:
+    def __init__(self, settings: Settings, recorder: Recorder) -> None:
+        secret = settings.anthropic_api_key
+        self.key = secret.get_secret_value() if secret else ""
+        self.sessions = Sessions(self.key) if self.key else None
+        self.recorder = recorder
+        self.page = _static("index.html")
+
+    def authorized(self, request: Request) -> bool:
+        if self.sessions is None:
             return True
         cookie = request.cookies.get(COOKIE)
-        if cookie and sessions.valid(cookie, time.time()):
+        if cookie and self.sessions.valid(cookie, time.time()):
             return True
-        return key_matches(presented_keys(request.headers), key)
+        return key_matches(presented_keys(request.headers), self.key)
 
-    def html_response(content: bytes, status: int = 200) -> Response:
-        return Response(content, status, headers=SECURITY_HEADERS, media_type="text/html")
-
-    def json_response(data: Any, status: int = 200) -> Response:
-        return Response(recorder.dumps(data), status, headers=SECURITY_HEADERS,
+    def json_response(self, data: Any, status: int = 200) -> Response:
+        return Response(self.recorder.dumps(data), status, headers=SECURITY_HEADERS,
                         media_type="application/json")
 
-    def unauthorized() -> Response:
-        return json_response(error_body("authentication_error", "the dashboard needs the "
-                                        "client key (sign in at /ui)"), 401)
+    def unauthorized(self) -> Response:
+        return self.json_response(error_body("authentication_error", "the dashboard needs "
+                                             "the client key (sign in at /ui)"), 401)
 
-    async def show_page(request: Request) -> Response:
-        if not authorized(request):
-            return html_response(login_page("", request.url.path), 401)
-        return html_response(page)
 
-    router.add_api_route("/ui", show_page, methods=["GET"], include_in_schema=False)
-    router.add_api_route("/ui/requests/{request_id}", show_page, methods=["GET"],
-                         include_in_schema=False)
+def dashboard_of(request: Request) -> Dashboard:
+    found: Dashboard = request.app.state.dashboard
+    return found
 
-    @router.post("/ui/login", include_in_schema=False)
-    async def login(request: Request) -> Response:
-        body = await _small_body(request)
-        fields = parse_qs(body.decode(errors="replace"))
-        next_path = fields.get("next", ["/ui"])[0]
-        if not next_path.startswith("/ui") or next_path.startswith("/ui/login"):
-            next_path = "/ui"
-        if sessions is None:
-            return Response(status_code=303, headers={"location": next_path})
-        if not key_matches([fields.get("key", [""])[0]], key):
-            return html_response(login_page("That is not the key.", next_path), 401)
-        response = Response(status_code=303, headers={"location": next_path,
-                                                      "cache-control": "no-store"})
-        response.set_cookie(COOKIE, sessions.issue(time.time()), max_age=SESSION_SECONDS,
-                            path="/ui", httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https")
-        return response
 
-    @router.post("/ui/logout", include_in_schema=False)
-    async def logout() -> Response:
-        response = Response(status_code=303, headers={"location": "/ui"})
-        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
-        return response
+def html_response(content: bytes, status: int = 200) -> Response:
+    return Response(content, status, headers=SECURITY_HEADERS, media_type="text/html")
 
-    @router.get("/ui/feed", include_in_schema=False)
-    async def feed(request: Request) -> Response:
-        if not authorized(request):
-            return unauthorized()
-        return EventSourceResponse(live_feed(recorder), ping=15, headers=SECURITY_HEADERS)
 
-    @router.get("/ui/api/requests/{request_id}", include_in_schema=False)
-    async def inspect(request: Request, request_id: str) -> Response:
-        if not authorized(request):
-            return unauthorized()
-        view = await recorder.fleet_inspect(request_id)
-        if view is None:
-            where = ("among the fleet's last requests" if recorder.sharing()
-                     else "in this worker's memory")
-            return json_response(error_body("not_found_error", f"no such request {where}"),
-                                 404)
-        return json_response(view)
+async def show_page(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    if not dashboard.authorized(request):
+        return html_response(login_page("", request.url.path), 401)
+    return html_response(dashboard.page)
 
-    @router.get("/ui/static/{name}", include_in_schema=False)
-    async def static(name: str) -> Response:
-        suffix = name[name.rfind("."):] if "." in name else ""
-        if "/" in name or suffix not in STATIC_TYPES or name == "index.html":
-            return json_response(error_body("not_found_error", "no such file"), 404)
-        try:
-            content = _static(name)
-        except FileNotFoundError:
-            return json_response(error_body("not_found_error", "no such file"), 404)
-        return Response(content, media_type=STATIC_TYPES[suffix],
-                        headers={"cache-control": "no-cache",
-                                 "x-content-type-options": "nosniff"})
 
+async def login(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    body = await _small_body(request)
+    fields = parse_qs(body.decode(errors="replace"))
+    next_path = fields.get("next", ["/ui"])[0]
+    if not next_path.startswith("/ui") or next_path.startswith("/ui/login"):
+        next_path = "/ui"
+    if dashboard.sessions is None:
+        return Response(status_code=303, headers={"location": next_path})
+    if not key_matches([fields.get("key", [""])[0]], dashboard.key):
+        return html_response(login_page("That is not the key.", next_path), 401)
+    response = Response(status_code=303, headers={"location": next_path,
+                                                  "cache-control": "no-store"})
+    response.set_cookie(COOKIE, dashboard.sessions.issue(time.time()), max_age=SESSION_SECONDS,
+                        path="/ui", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+async def logout() -> Response:
+    response = Response(status_code=303, headers={"location": "/ui"})
+    response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+    return response
+
+
+async def feed(request: Request) -> Response:
+    dashboard = dashboard_of(request)
+    if not dashboard.authorized(request):
+        return dashboard.unauthorized()
+    return EventSourceResponse(live_feed(dashboard.recorder), ping=15, headers=SECURITY_HEADERS)
+
+
+async def inspect(request: Request, request_id: str) -> Response:
+    dashboard = dashboard_of(request)
+    if not dashboard.authorized(request):
+        return dashboard.unauthorized()
+    view = await dashboard.recorder.fleet_inspect(request_id)
+    if view is None:
+        where = ("among the fleet's last requests" if dashboard.recorder.sharing()
+                 else "in this worker's memory")
+        return dashboard.json_response(error_body("not_found_error", f"no such request {where}"),
+                                       404)
+    return dashboard.json_response(view)
+
+
+async def static(request: Request, name: str) -> Response:
+    suffix = name[name.rfind("."):] if "." in name else ""
+    if "/" in name or suffix not in STATIC_TYPES or name == "index.html":
+        return dashboard_of(request).json_response(error_body("not_found_error", "no such file"),
+                                                   404)
+    try:
+        content = _static(name)
+    except FileNotFoundError:
+        return dashboard_of(request).json_response(error_body("not_found_error", "no such file"),
+                                                   404)
+    return Response(content, media_type=STATIC_TYPES[suffix],
+                    headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"})
+
+
+def dashboard_router() -> APIRouter:
+    """The dashboard's routes; their handlers read `app.state.dashboard`."""
+    router = APIRouter()
+    for path, handler, method in (("/ui", show_page, "GET"),
+                                  ("/ui/requests/{request_id}", show_page, "GET"),
+                                  ("/ui/login", login, "POST"), ("/ui/logout", logout, "POST"),
+                                  ("/ui/feed", feed, "GET"),
+                                  ("/ui/api/requests/{request_id}", inspect, "GET"),
+                                  ("/ui/static/{name}", static, "GET")):
+        router.add_api_route(path, handler, methods=[method], include_in_schema=False)
     return router
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from claude_proxy.config import SearchSettings
+from claude_proxy.config.settings import SearchSettings
 
 logger = logging.getLogger("claude_proxy.websearch")
 

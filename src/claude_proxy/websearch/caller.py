@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.conversion.request_converter import UpstreamRequest
 from claude_proxy.conversion.response_converter import collect_message, convert_chunks
 from claude_proxy.errors import ProxyError
 from claude_proxy.routing.providers import Provider
+from claude_proxy.routing.tokens import estimate_request_tokens
 from claude_proxy.service import MessagesService
-from claude_proxy.tokens import estimate_request_tokens
-from claude_proxy.upstream import Chunk
-from claude_proxy.upstreams import chat_completions, responses
+from claude_proxy.upstream import chat_completions, responses
+from claude_proxy.upstream.client import Chunk
 
 NativeSwitch = Callable[[ProviderSettings, str, dict[str, Any]], dict[str, Any] | None]
 """(provider settings, upstream API, converted body) → the fields that make it search."""

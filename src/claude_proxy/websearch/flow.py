@@ -22,14 +22,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from claude_proxy.access import current_record, mark, record_usage
-from claude_proxy.config import ProviderSettings, SearchSettings
+from claude_proxy.config.settings import ProviderSettings, SearchSettings
 from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
+from claude_proxy.record import current_record, mark, record_usage
+from claude_proxy.routing.tokens import estimate_request_tokens
 from claude_proxy.sse import encode_event, encode_events
-from claude_proxy.tokens import estimate_request_tokens
 from claude_proxy.websearch.backends import (
     MAX_QUERY_CHARS,
     Query,
@@ -37,7 +37,8 @@ from claude_proxy.websearch.backends import (
     SearchFailed,
     filter_hits,
 )
-from claude_proxy.websearch.blocks import (
+from claude_proxy.websearch.native import native_hits, native_kind, native_switch
+from claude_proxy.websearch.search_blocks import (
     Block,
     Search,
     block_events,
@@ -50,7 +51,6 @@ from claude_proxy.websearch.blocks import (
     text_block,
     usage,
 )
-from claude_proxy.websearch.native import native_hits, native_kind, native_switch
 
 logger = logging.getLogger("claude_proxy.websearch")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.websearch.backends import SNIPPET_CHARS, Hit, Query
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from claude_proxy.keys import key_table, new_key
-from claude_proxy.usage import GROUPS
+from claude_proxy.config.key_specs import key_table, new_key
+from claude_proxy.keys.usage_api import GROUPS
 
 COMMANDS = ("keys", "usage", "statusline")
 STATUSLINE_TIMEOUT = 2.0

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+# uvicorn's protocol class is not its public API: pyproject.toml bounds uvicorn below the next
+# minor release for that reason (re-check the write path on each one).
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _HEAD = b"HTTP/1.1 "

@@ -17,10 +17,10 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from claude_proxy.budget import period_bounds
 from claude_proxy.errors import ProxyError
-from claude_proxy.keys import Identity
-from claude_proxy.spend import ADMIN_PERIOD, USAGE_FIELDS, Ledger
+from claude_proxy.keys.budget import period_bounds
+from claude_proxy.keys.ring import Identity
+from claude_proxy.keys.spend import ADMIN_PERIOD, USAGE_FIELDS, Ledger
 from claude_proxy.state.store import Record
 
 GROUPS = ("key", "model", "provider", "day", "session")

@@ -28,12 +28,10 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from claude_proxy import __version__, keys_cli
-from claude_proxy.app import create_app
-from claude_proxy.config import ProviderSettings, Settings, load_settings
-from claude_proxy.launcher import SHELLS, print_environment, run_claude, serve_arguments
-from claude_proxy.logs import configure_logging
-from claude_proxy.routing.config import (
+from claude_proxy import __version__
+from claude_proxy.cli import key_commands as keys_cli
+from claude_proxy.cli.launcher import SHELLS, print_environment, run_claude, serve_arguments
+from claude_proxy.config.file import (
     KEYLESS_PROFILES,
     ConfigurationError,
     ProxyConfig,
@@ -41,10 +39,14 @@ from claude_proxy.routing.config import (
     single_provider_config,
     stray_provider_variables,
 )
+from claude_proxy.config.settings import ProviderSettings, Settings, load_settings
+from claude_proxy.logs import configure_logging
+from claude_proxy.routing.reach import check_budgets
 from claude_proxy.routing.router import Router
+from claude_proxy.server.app import create_app
 from claude_proxy.state.store import display_url
 from claude_proxy.ui.recorder import WORKERS_VARIABLE
-from claude_proxy.websearch.config import describe, with_search_table
+from claude_proxy.websearch.table import describe, with_search_table
 
 logger = logging.getLogger("claude_proxy")
 
@@ -131,7 +133,7 @@ def providers_config(env_file: Path | None, config_file: str | None = None) -> P
     settings = read_settings(env_file)
     path = config_file or settings.config_file
     if path:
-        return load_config_file(Path(path), settings)
+        return check_budgets(load_config_file(Path(path), settings))
     if settings.openai_api_key.get_secret_value() or settings.provider_name in KEYLESS_PROFILES:
         return single_provider_config(settings)
     if env_file is None and not settings.model_fields_set & {"openai_base_url", "provider"}:
@@ -239,7 +241,7 @@ def http_protocol() -> Any:
     """uvicorn's httptools protocol sending a response's head with its first body bytes
     (wire.py), or uvicorn's own choice where httptools cannot be imported."""
     try:
-        from claude_proxy.wire import HeadHoldingHttpToolsProtocol
+        from claude_proxy.server.http_protocol import HeadHoldingHttpToolsProtocol
     except ImportError:
         return "auto"
     return HeadHoldingHttpToolsProtocol
@@ -280,7 +282,7 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
         # Workers must agree on the secret, or one could not verify another's thinking blocks.
         os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
     with metrics_directory():
-        uvicorn.run("claude_proxy.cli:worker_app", factory=True, workers=args.workers,
+        uvicorn.run("claude_proxy.cli.command_line:worker_app", factory=True, workers=args.workers,
                     **options)
     return 0
 
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"claude-proxy: {exc}", file=sys.stderr)
         return 2
     if args.command == "doctor":
-        from claude_proxy.doctor import run_doctor
+        from claude_proxy.cli.doctor import run_doctor
         return run_doctor(config)
     if args.command in ("env", "claude"):
         return launch(config, env_file, args, claude_args)

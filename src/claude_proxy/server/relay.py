@@ -17,12 +17,12 @@ import anyio
 import orjson
 from starlette.requests import Request
 
-from claude_proxy.access import current_record, record_usage
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
+from claude_proxy.record import current_record, record_usage
 from claude_proxy.sse import encode_events
-from claude_proxy.upstream import Chunk, UpstreamStream
+from claude_proxy.upstream.client import Chunk, UpstreamStream
 
 logger = logging.getLogger("claude_proxy.lifecycle")
 sse_logger = logging.getLogger("claude_proxy.sse")

@@ -42,6 +42,9 @@ Dialect = Literal["enable_thinking", "thinking", "reasoning_effort", "openrouter
 Passback = Literal["reasoning_content", "reasoning", "reasoning_details", "none"]
 Effort = Literal["minimal", "low", "medium", "high"]
 CacheMode = Literal["breakpoints", "last_breakpoint", "automatic", "off"]
+Tier = Literal["big", "middle", "small"]
+"""The three model slots Claude Code's names map to: opus → big, sonnet → middle, haiku → small."""
+TIERS: tuple[Tier, ...] = ("big", "middle", "small")
 WebSearchMode = Literal["native", "backend", "off"]
 WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
@@ -316,7 +319,7 @@ class ProviderSettings(BaseModel):
         (DeepSeek: 8K without, 32K+ with)."""
         return self.reasoning_chat_max_output_tokens or self.profile.reasoning_max_output_tokens
 
-    def model_for_tier(self, tier: Literal["big", "middle", "small"]) -> str:
+    def model_for_tier(self, tier: Tier) -> str:
         """The upstream model configured for opus (big), sonnet (middle) or haiku (small)."""
         configured = {"big": self.big_model, "middle": self.middle_model,
                       "small": self.small_model}[tier]

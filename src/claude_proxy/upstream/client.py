@@ -30,18 +30,20 @@ import httpx
 import orjson
 
 # httpx-sse's spec-compliant decoders, used directly so that parsing can follow network reads.
+# A private module of httpx-sse (its line and event decoders, without its response wrapper):
+# pyproject.toml bounds httpx-sse below the next minor release for that reason.
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
-from claude_proxy.access import mark
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
-from claude_proxy.overflow import from_payload, from_upstream
-from claude_proxy.retry import RetryPolicy
-from claude_proxy.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
-from claude_proxy.upstreams import chat_completions, responses
-from claude_proxy.upstreams.misconfigured import MisconfiguredUpstream, recognise
-from claude_proxy.upstreams.wire import CHAT_WIRE, Wire
+from claude_proxy.record import mark
+from claude_proxy.upstream import chat_completions, responses
+from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
+from claude_proxy.upstream.overflow import from_payload, from_upstream
+from claude_proxy.upstream.retry import RetryPolicy
+from claude_proxy.upstream.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
+from claude_proxy.upstream.wire import CHAT_WIRE, Wire
 
 logger = logging.getLogger("claude_proxy.upstream")
 
@@ -198,7 +200,7 @@ class OpenAIClient:
 
     def connection_counts(self) -> dict[str, int]:
         """Open upstream connections, busy and idle (for tests and metrics)."""
-        transport = self._client._transport
+        transport = self._client._transport  # httpx-private (httpx is bounded <1 for it)
         if isinstance(transport, AiohttpTransport):
             return transport.connection_counts()
         pool = getattr(transport, "_pool", None)
@@ -313,7 +315,7 @@ class OpenAIClient:
                                 extensions=self._extensions)
         del content
         try:
-            response = await self._sent(transport, request)
+            response = await self._hand_to_transport(transport, request)
         except httpx.HTTPError as exc:
             raise _transport_error(exc) from exc
         if self.on_headers is not None:
@@ -322,8 +324,8 @@ class OpenAIClient:
             return response
         raise await _read_error(response)
 
-    async def _sent(self, transport: httpx.AsyncBaseTransport,
-                    request: httpx.Request) -> httpx.Response:
+    async def _hand_to_transport(self, transport: httpx.AsyncBaseTransport,
+                                 request: httpx.Request) -> httpx.Response:
         """The request handed to the endpoint's transport, the one `client.send` would pick.
         `send` itself wraps every answer for what the proxy does not use (auth flows,
         redirects, event hooks, cookies, elapsed time): 46 µs of CPU a request, measured."""
@@ -339,6 +341,8 @@ class OpenAIClient:
         endpoint = self._endpoints.get(key)
         if endpoint is None:
             target = httpx.URL(url, params=params or None)
+            # httpx-private: the transport `send` would pick (mounts, proxies); httpx is
+            # bounded <1 in pyproject.toml for it.
             endpoint = self._endpoints[key] = (target, {},
                                                self._client._transport_for_url(target))
         return endpoint

@@ -26,7 +26,7 @@ from types import FrameType
 
 import httpx
 
-from claude_proxy.routing.config import ConfigurationError, ProxyConfig
+from claude_proxy.config.file import ConfigurationError, ProxyConfig
 from claude_proxy.routing.router import Candidate, Router, route_id
 
 CLAUDE_BIN_VARIABLE = "CLAUDE_BIN"

@@ -1,28 +1,23 @@
-"""One access-log line (and the metrics) per request, with a request id.
+"""The record of one request: what the access line, the metrics, the dashboard and the spend
+read when it has finished.
 
-The id is returned as the `request-id` header, as Anthropic does. The service fills in what
-only it knows (models, tokens) on the request's record, found through a context variable.
-The dashboard (`ui/recorder.py`) observes the same record: nothing is measured twice.
+The HTTP edge (`server/access_log.py`) opens a record per request and binds it to a context
+variable; the layers below fill in what only they know (models, tokens, the timeline) through
+`current_record()`, `mark()` and `record_usage()`, without being handed it. Nothing is
+measured twice.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import re
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from claude_proxy.metrics import Metrics
-
-logger = logging.getLogger("claude_proxy.access")
-
-QUIET_PATHS = frozenset({"/", "/health", "/metrics"})
 SESSION_HEADER = b"x-claude-code-session-id"
 AGENT_HEADER = b"x-claude-code-agent-id"
 """Claude Code marks its subagents' requests with this header (the main loop sends none)."""
@@ -128,6 +123,15 @@ def current_record() -> RequestRecord:
     return _current.get() or RequestRecord("req_none", "-", "-")
 
 
+def bind(record: RequestRecord) -> Token[RequestRecord | None]:
+    """Makes `record` the current request's record until `unbind` (the access log's job)."""
+    return _current.set(record)
+
+
+def unbind(token: Token[RequestRecord | None]) -> None:
+    _current.reset(token)
+
+
 def new_request_id() -> str:
     """Unique enough to find a request in the logs; it guards nothing, so no system
     randomness (a syscall) is spent on it."""
@@ -138,73 +142,6 @@ class Charger(Protocol):
     """Told of every finished request before it is logged (spend.py's ledger)."""
 
     def charge(self, record: RequestRecord) -> None: ...
-
-
-class AccessLogMiddleware:
-    """Pure ASGI, so streaming bodies pass straight through."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics,
-                 observer: RecordObserver | None = None,
-                 charger: Charger | None = None) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.observer = observer
-        self.charger = charger
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        record = RequestRecord(new_request_id(), scope["method"], scope["path"])
-        record.session, record.agent = client_ids(scope)
-        token = _current.set(record)
-        if self.observer is not None:
-            self.observer.started(record)
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.status = message["status"]
-                MutableHeaders(scope=message).append("request-id", record.request_id)
-            elif record.first_byte is None and message.get("body"):
-                record.first_byte = time.perf_counter()
-                if record.status >= 400:
-                    record.error_body = bytes(message["body"][:4096])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            _current.reset(token)
-            self._finish(record)
-
-    def _finish(self, record: RequestRecord) -> None:
-        finished = time.perf_counter()
-        if self.charger is not None:
-            try:
-                self.charger.charge(record)
-            except Exception:  # accounting must never fail a request's clean-up
-                logger.exception("charging request %s failed", record.request_id)
-        if record.path in QUIET_PATHS:
-            logger.debug(record.line(finished))
-            return
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(record.line(finished))
-        self._observe(record, finished)
-        if self.observer is not None:
-            self.observer.finished(record, finished)
-
-    def _observe(self, record: RequestRecord, finished: float) -> None:
-        metrics = self.metrics
-        stream = str(record.stream).lower()
-        metrics.requests_of(str(record.status), record.client_model).inc()
-        metrics.duration_of(stream).observe(finished - record.started)
-        if record.first_byte is not None:
-            metrics.first_byte_of(stream).observe(record.first_byte - record.started)
-        if record.tokens:
-            metrics.cache.observe(record.provider, record.tokens)
-        for kind, count in record.tokens.items():
-            if count:
-                metrics.tokens_of(kind).inc(count)
 
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:

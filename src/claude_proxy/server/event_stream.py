@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from claude_proxy.lifecycle import Watching
+from claude_proxy.server.relay import Watching
 
 PING_SECONDS = 15.0
 """sse-starlette's default keep-alive interval, kept."""

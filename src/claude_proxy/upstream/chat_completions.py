@@ -50,6 +50,23 @@ def _merge_reasoning_fields(delta: dict[str, Any]) -> str:
     The first non-empty of `reasoning_content`, `reasoning`, `thinking` (string, or an object's
     `content`/`text`) and the texts of `reasoning_details`; providers that send the same text
     under two names (Kimi behind Avian, OpenRouter) are thereby read once.
+
+    >>> _merge_reasoning_fields({"reasoning_content": "a", "reasoning": "b"})
+    'a'
+    >>> _merge_reasoning_fields({"reasoning_content": "", "reasoning": " "})
+    ' '
+    >>> _merge_reasoning_fields({"thinking": "c"})
+    'c'
+    >>> _merge_reasoning_fields({"thinking": {"text": "e"}})
+    'e'
+    >>> _merge_reasoning_fields({"thinking": {"content": "d"}})
+    'd'
+    >>> _merge_reasoning_fields({"reasoning_details": [
+    ...     {"type": "reasoning.text", "text": "f"}, {"type": "reasoning.summary", "summary": "g"},
+    ...     {"type": "reasoning.encrypted", "data": "xxx"}]})
+    'fg'
+    >>> _merge_reasoning_fields({"content": "h"})
+    ''
     """
     for name in ("reasoning_content", "reasoning"):
         value = delta.get(name)

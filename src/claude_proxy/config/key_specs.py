@@ -1,27 +1,20 @@
-"""Keys for people: `[keys.NAME]` tables of the config file, and who a request comes from.
+"""Keys for people: the `[keys.NAME]` tables of the config file, read into KeySpecs.
 
 Each key is known by its configured NAME everywhere (logs, metrics, usage, the dashboard); the
 proxy keeps only the SHA-256 of the key itself, so `key_sha256 = "<hex>"` lets the file live in
 git. `ANTHROPIC_API_KEY` stays the administrator's key: every key's usage, the whole dashboard.
 With no `[keys]` table nothing here runs and the client key check is exactly the old one.
-
-A presented key is hashed once and compared, in constant time, with every configured digest
-(all of them, whichever matches), so the time taken says nothing about which key is close.
+Who a request comes from is `keys/ring.py`'s question.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from starlette.datastructures import Headers
-
-from claude_proxy.auth import presented_keys
 
 Period = Literal["day", "week", "month"]
 PERIODS: tuple[Period, ...] = ("day", "week", "month")
@@ -59,18 +52,6 @@ class KeySpec:
                 and (self.routes is None or route in self.routes))
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who sent a request: a configured key's spec, or the administrator (spec None)."""
-
-    name: str
-    spec: KeySpec | None = None
-
-    @property
-    def admin(self) -> bool:
-        return self.spec is None
-
-
 def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
@@ -85,32 +66,6 @@ def key_table(name: str, key: str) -> str:
     return (f"[keys.{name}]\nkey_sha256 = \"{digest_of(key).hex()}\"\n"
             f"# budget_usd = 50\n# budget_period = \"month\"   # day | week | month (UTC)\n"
             f"# rpm = 60\n# tpm = 200000\n# providers = [\"...\"]\n# routes = [\"default\"]\n")
-
-
-class KeyRing:
-    """The configured keys and the administrator's key; `identify` answers who is calling."""
-
-    def __init__(self, keys: Mapping[str, KeySpec], admin_key: str | None) -> None:
-        self.keys = dict(keys)
-        self._admin = digest_of(admin_key) if admin_key else None
-        self._digests = [(spec.digest, spec) for spec in self.keys.values()]
-
-    def identify(self, headers: Headers) -> Identity | None:
-        """The caller, or None for a wrong or revoked key (the caller answers 401)."""
-        found: Identity | None = None
-        for value in presented_keys(headers):
-            if not value:
-                continue
-            presented = digest_of(value)
-            if self._admin is not None and hmac.compare_digest(presented, self._admin):
-                found = found or Identity(ADMIN)
-            for digest, spec in self._digests:
-                if hmac.compare_digest(presented, digest) and found is None:
-                    found = Identity(spec.name, spec)
-        return found
-
-    def spec(self, name: str) -> KeySpec | None:
-        return self.keys.get(name)
 
 
 def parse_keys(tables: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[

@@ -15,8 +15,9 @@ import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from claude_proxy.config.key_specs import KeySpec, Period
 from claude_proxy.errors import ProxyError
-from claude_proxy.keys import Identity, KeySpec, Period
+from claude_proxy.keys.ring import Identity
 from claude_proxy.state.store import StateStore
 
 Clock = Callable[[], float]

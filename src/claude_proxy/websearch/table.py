@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from claude_proxy.config import SearchSettings
-from claude_proxy.routing.config import ConfigurationError, ProxyConfig, resolve_secret
+from claude_proxy.config.file import ConfigurationError, ProxyConfig, resolve_secret
+from claude_proxy.config.settings import SearchSettings
 from claude_proxy.websearch.backends import KEYED_BACKENDS
 
 PREFIX = "web_search_"

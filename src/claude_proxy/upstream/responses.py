@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from claude_proxy.capabilities import REASONING, SUMMARY
-from claude_proxy.config import ProviderSettings, matches_prefix
+from claude_proxy.config.settings import ProviderSettings, matches_prefix
 from claude_proxy.conversion.caching import cache_mode, takes_cache_key
 from claude_proxy.conversion.deltas import (
     Delta,
@@ -43,7 +42,8 @@ from claude_proxy.conversion.request_converter import (
     map_model,
     without_media,
 )
-from claude_proxy.upstreams.wire import Wire
+from claude_proxy.upstream.capabilities import REASONING, SUMMARY
+from claude_proxy.upstream.wire import Wire
 
 Event = dict[str, Any]
 Block = dict[str, Any]

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from claude_proxy.config import ProviderSettings
+from claude_proxy.config.settings import ProviderSettings
 
 PROFILE = "llamacpp"
 SERVER_PREFIX = "llama.cpp"

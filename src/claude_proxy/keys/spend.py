@@ -18,11 +18,12 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from claude_proxy.access import RequestRecord
-from claude_proxy.budget import Clock, minute_counter, period_bounds, spend_counter
-from claude_proxy.keys import ADMIN, KeyRing, KeySpec, Period
+from claude_proxy.config.key_specs import ADMIN, KeySpec, Period
+from claude_proxy.config.model_table import ModelFacts, ModelTable
+from claude_proxy.keys.budget import Clock, minute_counter, period_bounds, spend_counter
+from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
-from claude_proxy.routing.model_facts import ModelFacts, ModelTable
+from claude_proxy.record import RequestRecord
 from claude_proxy.state.store import Record, StateStore
 
 logger = logging.getLogger("claude_proxy.spend")
@@ -130,7 +131,7 @@ class Ledger:
         # proxy without [keys] never keeps usage.
         import sqlite3
 
-        from claude_proxy.state.durable import SqliteUsageLog
+        from claude_proxy.keys.usage_log import SqliteUsageLog
 
         try:
             self.log = SqliteUsageLog(directory)

@@ -27,15 +27,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from claude_proxy.config import (
+from claude_proxy.config.key_specs import KeySpec, KeyTableError, parse_keys
+from claude_proxy.config.model_table import FACT_KEYS, ModelTable
+from claude_proxy.config.settings import (
     TOOL_GROUP,
     TOOL_GROUPS_DISABLED,
     ProviderSettings,
     Settings,
     scan_prefixed,
 )
-from claude_proxy.keys import KeySpec, KeyTableError, parse_keys
-from claude_proxy.routing.model_facts import FACT_KEYS, ModelTable
 
 logger = logging.getLogger("claude_proxy.config")
 
@@ -177,10 +177,8 @@ def load_config_file(path: Path, settings: Settings,
 
 
 def _check_keys(path: Path, config: ProxyConfig) -> None:
-    """Every key names configured providers and routes, and a key with a budget reaches
-    only priced models (its spend could not be counted otherwise)."""
-    from claude_proxy.routing.reach import reachable
-
+    """Every key names configured providers and routes. (That a key with a budget reaches only
+    priced models needs the router: `routing/reach.check_budgets`, run after loading.)"""
     routes = (*ROUTE_NAMES, "fallback", "explicit")
     for spec in config.keys.values():
         where = f"[keys.{spec.name}]"
@@ -192,14 +190,6 @@ def _check_keys(path: Path, config: ProxyConfig) -> None:
             if name not in routes:
                 raise ConfigurationError(f"{path}: {where} routes: unknown route {name!r} "
                                          f"(one of {', '.join(routes)})")
-        if spec.budget_usd is None:
-            continue
-        for provider, model in reachable(config, spec):
-            if not config.models.facts(provider, model).priced:
-                raise ConfigurationError(
-                    f"{path}: {where} has a budget, but model {model!r} of provider "
-                    f"{provider!r} has no price: set price_input and price_output in "
-                    f"[providers.{provider}.models.\"{model}\"]")
 
 
 def _model_tables(path: Path, name: str, table: dict[str, Any],

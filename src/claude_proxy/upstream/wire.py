@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from claude_proxy.upstreams.chat_completions import buffered_chunks
+from claude_proxy.upstream.chat_completions import buffered_chunks
 
 Chunk = dict[str, Any]
 

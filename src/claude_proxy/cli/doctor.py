@@ -16,19 +16,19 @@ from typing import Any
 
 import httpx
 
-from claude_proxy.config import ProviderSettings, SearchSettings
+from claude_proxy.config.file import ROUTE_NAMES, ProxyConfig
+from claude_proxy.config.model_table import ModelFacts
+from claude_proxy.config.settings import TIERS, ProviderSettings, SearchSettings
 from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
-from claude_proxy.routing.config import ROUTE_NAMES, ProxyConfig
 from claude_proxy.routing.discovery import discover, windows
-from claude_proxy.routing.model_facts import ModelFacts
 from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
 from claude_proxy.state import check_store
-from claude_proxy.upstream import OpenAIClient
-from claude_proxy.upstreams import llamacpp, responses
-from claude_proxy.upstreams.misconfigured import JINJA, MisconfiguredUpstream
+from claude_proxy.upstream import llamacpp, responses
+from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.misconfigured import JINJA, MisconfiguredUpstream
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
@@ -218,8 +218,8 @@ def configured_models(settings: ProviderSettings,
                       routed: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """The provider's models, each with the tiers and routes that use it."""
     uses: dict[str, list[str]] = {}
-    for tier, name in (("big", "opus"), ("middle", "sonnet"), ("small", "haiku")):
-        uses.setdefault(settings.model_for_tier(tier), []).append(name)  # type: ignore[arg-type]
+    for tier, name in zip(TIERS, ("opus", "sonnet", "haiku"), strict=True):
+        uses.setdefault(settings.model_for_tier(tier), []).append(name)
     for model, route in routed:
         uses.setdefault(model, []).append(f"route {route}")
     return list(uses.items())

@@ -1,0 +1,205 @@
+"""The API's route handlers, at module level as Starlette has them: each reads what it works
+with from the application's state (`Wiring`, made by `server/app.create_app`, and the service
+and search flow its lifespan starts), so the handlers are plain functions, not closures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+
+from claude_proxy.config.file import ProxyConfig
+from claude_proxy.config.settings import Settings
+from claude_proxy.conversion.fields import screen_request
+from claude_proxy.errors import ProxyError
+from claude_proxy.keys.auth import key_matches, presented_keys
+from claude_proxy.keys.budget import Gate
+from claude_proxy.keys.ring import Identity, KeyRing
+from claude_proxy.metrics import Metrics
+from claude_proxy.record import current_record
+from claude_proxy.routing.catalog import health_detail, model_entry, model_ids, models_page
+from claude_proxy.routing.discovery import windows
+from claude_proxy.routing.sessions import SESSION_HEADER
+from claude_proxy.server.event_stream import EventStream
+from claude_proxy.server.relay import before_first_byte, relay_events
+from claude_proxy.server.requests import CountTokensRequest, MessagesRequest, validate_request
+from claude_proxy.service import MessagesService
+from claude_proxy.websearch.flow import SearchFlow, is_search_request
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the handlers share for the application's life (`app.state.wiring`)."""
+
+    settings: Settings
+    config: ProxyConfig
+    metrics: Metrics
+    gate: Gate
+    keyring: KeyRing | None
+    started: datetime
+    """When the process started: the `created_at` of the models it lists."""
+
+
+def wiring(request: Request) -> Wiring:
+    found: Wiring = request.app.state.wiring
+    return found
+
+
+def service_of(request: Request) -> MessagesService:
+    found: MessagesService = request.app.state.service
+    return found
+
+
+def json_response(content: Any, status: int = 200,
+                  headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def error_response(error: ProxyError) -> Response:
+    return json_response(error.body(), error.status, error.headers)
+
+
+# ---------------------------------------------------------------- request guards
+
+
+def check_client_key(request: Request, settings: Settings) -> None:
+    """When ANTHROPIC_API_KEY is set, `x-api-key` or `Authorization: Bearer` must match it."""
+    if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
+        return
+    expected = settings.anthropic_api_key.get_secret_value()
+    if not key_matches(presented_keys(request.headers), expected):
+        raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
+
+
+def identify(request: Request) -> Identity:
+    """Who is calling: without `[keys]`, the one client key of old (if any)."""
+    wired = wiring(request)
+    if wired.keyring is None:
+        check_client_key(request, wired.settings)
+        return Identity("-")
+    identity = wired.keyring.identify(request.headers)
+    if identity is None:
+        raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
+    current_record().key = identity.name  # the access line names the key
+    return identity
+
+
+async def read_json_body(request: Request, limit: int) -> Any:
+    """The parsed body, refusing more than `limit` bytes before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    received = bytearray()
+    async for piece in request.stream():
+        received += piece
+        if len(received) > limit:
+            raise _too_large(limit)
+    if not received:
+        raise ProxyError(400, "request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(received)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc.msg}") from None
+
+
+def _too_large(limit: int) -> ProxyError:
+    return ProxyError(413, f"request body exceeds the {limit} byte limit",
+                      error_type="request_too_large")
+
+
+# ---------------------------------------------------------------- the API
+
+
+async def messages(request: Request) -> Response:
+    identity = identify(request)
+    wired = wiring(request)
+    payload = await read_json_body(request, wired.settings.max_request_bytes)
+    body = validate_request(MessagesRequest, payload)
+    screen_request(body, request.headers.get("anthropic-beta"))
+    wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
+    service = service_of(request)
+    deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout
+    if is_search_request(body):
+        return await search_response(request, body, deadline)
+    session = request.headers.get(SESSION_HEADER)
+    if body.get("stream"):
+        converter, stream = await before_first_byte(
+            request, service.open_stream(body, session), deadline)
+        record = current_record()
+
+        async def finish() -> None:
+            await stream.aclose()
+            service.remember_session(session, record)
+
+        return EventStream(relay_events(converter, stream, deadline, wired.metrics), finish)
+    return json_response(await before_first_byte(request, service.create(body, session),
+                                                 deadline))
+
+
+async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
+    """A request with the web_search server tool: the search flow answers it."""
+    search: SearchFlow = request.app.state.search
+    plan = search.plan(body)
+    if body.get("stream"):
+        return EventSourceResponse(search.stream(plan, deadline), sep="\n")
+    return json_response(await before_first_byte(request, search.create(plan), deadline))
+
+
+async def count_tokens(request: Request) -> Response:
+    identify(request)
+    payload = await read_json_body(request, wiring(request).settings.max_request_bytes)
+    body = validate_request(CountTokensRequest, payload)
+    screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
+    return json_response({"input_tokens": service_of(request).count_tokens(
+        body, request.headers.get(SESSION_HEADER))})
+
+
+async def list_models(request: Request) -> Response:
+    identify(request)
+    service = service_of(request)
+    return json_response(models_page(model_ids(service.router, service.providers),
+                                     wiring(request).started))
+
+
+async def get_model(request: Request) -> Response:
+    identify(request)
+    model_id = request.path_params["model_id"]
+    service = service_of(request)
+    if model_id not in model_ids(service.router, service.providers):
+        raise ProxyError(404, f"model {model_id!r} not found")
+    return json_response(model_entry(model_id, wiring(request).started))
+
+
+# ---------------------------------------------------------------- operations
+
+
+async def root(request: Request) -> Response:
+    return json_response({"status": "ok", "service": "claude-proxy"})
+
+
+async def health(request: Request) -> Response:
+    """Liveness, secret-free; `?detail=1` adds each provider's state (client key required
+    when one is set)."""
+    if request.query_params.get("detail") not in (None, "", "0", "false"):
+        wired = wiring(request)
+        check_client_key(request, wired.settings)
+        service = service_of(request)
+        return json_response({"status": "ok", **health_detail(
+            service.providers, wired.metrics.cache.ratios(), windows(wired.config),
+            service.store.describe())})
+    return json_response({"status": "ok"})
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    wired = wiring(request)
+    if not wired.settings.metrics_public:
+        check_client_key(request, wired.settings)
+    return Response(wired.metrics.exposition(), media_type=wired.metrics.content_type)
