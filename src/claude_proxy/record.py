@@ -52,7 +52,7 @@ class RequestRecord:
     """The configured name of the client's key (`admin` for ANTHROPIC_API_KEY); "-" without
     `[keys]`. Never the key."""
     cost: float | None = None
-    """USD, from the upstream's usage and the model's prices (spend.py); None when unpriced."""
+    """USD, from the upstream's usage and the model's prices (keys/spend.py); None when unpriced."""
     input_estimate: int = 0
     """The proxy's own estimate of the input sent (calibrated against what the upstream
     reports: routing/calibration.py)."""
@@ -139,7 +139,7 @@ def new_request_id() -> str:
 
 
 class Charger(Protocol):
-    """Told of every finished request before it is logged (spend.py's ledger)."""
+    """Told of every finished request before it is logged (keys/spend.py's ledger)."""
 
     def charge(self, record: RequestRecord) -> None: ...
 

@@ -2,7 +2,7 @@
 candidates, walked with failover before the first byte), its conversion for the provider that
 takes it, the refused-field fallback, and the converter that turns the answer into events.
 
-Kept apart from `app.py` (HTTP framing) and `upstream.py` (the network), so the flow reads in
+Kept apart from `server/` (HTTP framing) and `upstream/` (the network), so the flow reads in
 one place.
 """
 

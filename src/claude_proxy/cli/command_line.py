@@ -3,7 +3,7 @@
     claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
                          [--workers N]
     claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE]
-    claude-proxy keys new NAME | usage [...] | statusline   (keys_cli.py)
+    claude-proxy keys new NAME | usage [...] | statusline   (key_commands.py)
     claude-proxy env     [--env-file PATH | --env NAME] [--config FILE] [--shell SHELL]
     claude-proxy claude  [--env-file PATH | --env NAME] [--config FILE] [--] [ARGS...]
 """
@@ -239,7 +239,7 @@ def tune_garbage_collector() -> None:
 
 def http_protocol() -> Any:
     """uvicorn's httptools protocol sending a response's head with its first body bytes
-    (wire.py), or uvicorn's own choice where httptools cannot be imported."""
+    (server/http_protocol.py), or uvicorn's own choice where httptools cannot be imported."""
     try:
         from claude_proxy.server.http_protocol import HeadHoldingHttpToolsProtocol
     except ImportError:

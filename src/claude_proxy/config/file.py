@@ -115,7 +115,7 @@ class ProxyConfig:
     models: ModelTable = field(default_factory=ModelTable)
     """What is known of each provider's models: windows, output limits, prices."""
     keys: dict[str, KeySpec] = field(default_factory=dict)
-    """The `[keys.NAME]` tables (keys.py); empty: the single client key of old."""
+    """The `[keys.NAME]` tables (key_specs.py); empty: the single client key of old."""
     key_secrets: tuple[str, ...] = ()
     """The keys read from the environment for `[keys]`, only for log redaction."""
 

@@ -59,8 +59,8 @@ BuiltIn = Mapping[tuple[str, str], Mapping[str, Any]]
 
 
 def _built_in() -> dict[tuple[str, str], dict[str, Any]]:
-    """The bundled profiles' figures: windows and output limits (routing/windows.py) and
-    prices (routing/prices.py), kept apart because they change for different reasons."""
+    """The bundled profiles' figures: windows and output limits (config/windows.py) and
+    prices (config/prices.py), kept apart because they change for different reasons."""
     from claude_proxy.config.prices import BUILT_IN_PRICES
     from claude_proxy.config.windows import BUILT_IN_WINDOWS
 

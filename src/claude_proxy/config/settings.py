@@ -387,7 +387,7 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
 
     context_window: int | None = Field(default=None, ge=1)
     """CONTEXT_WINDOW: the single provider's context window in tokens (the config file's
-    `context_window` for several; see routing/model_facts.py)."""
+    `context_window` for several; see config/model_table.py)."""
     total_timeout: float = Field(default=1800.0, gt=0)
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     thinking_signature_secret: SecretStr | None = None

@@ -4,7 +4,7 @@ Gemma's template (and the Mistral family's) raise `Conversation roles must alter
 user/assistant/user/assistant/...` on anything else, while Claude Code sends a system message
 in the middle of the conversation and text after its tool results (reminders), which become a
 second user message in a row. For a model that refused such a conversation (learned as a
-refusal, `capabilities.py`), the body is folded: a later system message becomes
+refusal, `upstream/capabilities.py`), the body is folded: a later system message becomes
 `<system-reminder>` text of the user message next to it (a user message of its own when there
 is none), consecutive messages of one role become one, and text that follows tool results goes
 into the last tool result. Tool results themselves stay

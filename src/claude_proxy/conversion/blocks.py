@@ -3,7 +3,7 @@
 It owns the block indices. Blocks are strictly sequential (each closed before the next opens,
 indexed 0..n-1) and carry their content only through deltas, which is what Claude Code's own
 accumulator insists on. It knows nothing of the upstream's wire format: the parsers in
-`upstreams/` feed it `conversion.deltas`.
+`upstream/` feed it `conversion.deltas`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ followed by a broken stream. A streaming request is only handed
 back once its first chunk has arrived, so an error announced in that chunk still has a status.
 Both APIs share the pool, the retries and this first-byte rule; what differs (which events
 only announce a response, where an error hides, how a whole JSON answer becomes a stream) is a
-`Wire`, defined next to each API's parser in `upstreams/`.
+`Wire`, defined next to each API's parser in `upstream/`.
 """
 
 from __future__ import annotations
@@ -366,7 +366,7 @@ class OpenAIClient:
 
 async def _read_error(response: httpx.Response) -> ProxyError:
     """The client's error for a non-2xx answer; one that no retry can fix (a server not set
-    up for the request) becomes a 400 saying what to change (upstreams/misconfigured.py)."""
+    up for the request) becomes a 400 saying what to change (upstream/misconfigured.py)."""
     try:
         content = await response.aread()
     except httpx.HTTPError:
