@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -367,3 +367,67 @@ def test_window_is_the_long_context_routes_when_larger(
                                    "[providers.up]")
     env = claude_code_environment(replace(config, models=smaller), "::1", 8082)
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "100000"
+
+
+# ------------------------------------------------------------------ windows learned at run time
+
+
+LLAMACPP_32K = {"default_generation_settings": {"n_ctx": 32768}, "build_info": "b0-unknown",
+                "chat_template": "{{ messages }}", "total_slots": 1}
+"""llama-server's `/props` for `-c 32768`: the only place its window is told."""
+
+
+def llamacpp_env_file(tmp_path: Path, upstream: ScriptedUpstream, port: int) -> Path:
+    """A llama.cpp provider with no configured window (CONTEXT_WINDOW unset)."""
+    path = tmp_path / ".env.llamacpp"
+    path.write_text(f"OPENAI_BASE_URL={upstream.base_url}\nPROVIDER=llamacpp\nBIG_MODEL=gguf\n"
+                    f"MIDDLE_MODEL=gguf\nSMALL_MODEL=gguf\nPORT={port}\nHOST=127.0.0.1\n"
+                    "PROVIDER_MAX_OUTPUT_TOKENS=4096\n")
+    return path
+
+
+def run_env(tmp_path: Path, config: Path) -> list[str]:
+    result = subprocess.run([sys.executable, "-m", "claude_proxy", "env", "--env-file",
+                             str(config)], env=clean_env(tmp_path), capture_output=True,
+                            text=True, timeout=60, check=True)
+    return result.stdout.splitlines()
+
+
+def test_a_discovered_window_reaches_claude_code_when_the_launcher_starts_the_proxy(
+        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.props = LLAMACPP_32K
+    config = llamacpp_env_file(tmp_path, upstream, free_port())
+    status, seen = launch(tmp_path, "--env-file", str(config), env=base_env(tmp_path))
+    assert status == 0
+    assert seen["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
+    assert seen["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
+    assert seen["proxy"]["body"]["providers"]["llamacpp"]["models"]["gguf"]["source"] == (
+        "discovered: llama.cpp /props n_ctx")
+    # `env` with no proxy running asks llama-server itself
+    assert "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=32768" in run_env(tmp_path, config)
+
+
+def test_a_running_proxys_discovered_window_reaches_claude_code_and_env(
+        tmp_path: Path, upstream: ScriptedUpstream,
+        proxy_factory: Callable[..., ProxyServer]) -> None:
+    upstream.props = {**LLAMACPP_32K, "default_generation_settings": {"n_ctx": 24576}}
+    running = proxy_factory(provider="llamacpp", big_model="gguf", middle_model="gguf",
+                            small_model="gguf")
+    assert eventually(lambda: httpx.get(f"{running.url}/health?detail=1", timeout=10).json()[
+        "providers"]["llamacpp"]["models"]["gguf"]["context_window"] == 24576)
+    # llama-server restarted without /props since: only the running proxy still knows
+    upstream.props = None
+    config = llamacpp_env_file(tmp_path, upstream, int(running.url.rsplit(":", 1)[1]))
+    status, seen = launch(tmp_path, "--env-file", str(config), env=base_env(tmp_path))
+    assert status == 0 and seen["env"]["ANTHROPIC_BASE_URL"] == running.url
+    assert seen["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "24576"
+    assert "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=24576" in run_env(tmp_path, config)
+    assert serving(running.url)
+
+
+def test_without_any_window_none_is_set(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """llama-server without `/props` and nothing configured: Claude Code is told no window
+    (rather than a guessed one)."""
+    lines = run_env(tmp_path, llamacpp_env_file(tmp_path, upstream, free_port()))
+    assert not [line for line in lines if "CLAUDE_CODE_MAX_CONTEXT_TOKENS" in line]
+    assert "export CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096" in lines

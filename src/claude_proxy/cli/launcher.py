@@ -8,10 +8,16 @@ and output limit of those routes, so that it compacts on time by itself.
 
 `claude-proxy env` prints the same settings for a shell; `claude-proxy claude` sets them for
 one Claude Code run, starting the proxy in the background when none answers at its address.
+
+Windows a server tells only at run time (llama.cpp's `/props`, vLLM's and OpenRouter's model
+lists, Ollama's loaded context: routing/discovery.py) are learned first (`learn_windows`): from
+the running proxy's `/health?detail=1`, else by asking the upstreams here, so that they reach
+Claude Code exactly as configured windows do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import shutil
@@ -27,6 +33,8 @@ from types import FrameType
 import httpx
 
 from claude_proxy.config.file import ConfigurationError, ProxyConfig
+from claude_proxy.config.model_table import ModelFacts
+from claude_proxy.routing.discovery import discover
 from claude_proxy.routing.router import Candidate, Router, route_id
 
 CLAUDE_BIN_VARIABLE = "CLAUDE_BIN"
@@ -64,7 +72,7 @@ def claude_code_environment(config: ProxyConfig, host: str, port: int) -> Enviro
     """
     router = Router(config.providers, config.router)
     ids = model_ids(router)
-    env: Environment = {"ANTHROPIC_BASE_URL": f"http://{client_host(host)}:{port}",
+    env: Environment = {"ANTHROPIC_BASE_URL": base_url_of(host, port),
                         "ANTHROPIC_AUTH_TOKEN": client_key(config),
                         "ANTHROPIC_API_KEY": None,
                         "ANTHROPIC_MODEL": ids["opus"],
@@ -148,6 +156,10 @@ def client_key(config: ProxyConfig) -> str:
     return key.get_secret_value() if key and key.get_secret_value() else NO_CLIENT_KEY
 
 
+def base_url_of(host: str, port: int) -> str:
+    return f"http://{client_host(host)}:{port}"
+
+
 def client_host(host: str) -> str:
     """Where a client on this machine reaches a proxy listening on `host`."""
     if host in WILDCARD_HOSTS:
@@ -179,9 +191,62 @@ def fish_quote(value: str) -> str:
 
 
 def print_environment(config: ProxyConfig, host: str, port: int, shell: str) -> int:
+    base_url = base_url_of(host, port)
+    learn_windows(config, base_url, running=answers(base_url))
     for line in shell_lines(claude_code_environment(config, host, port), shell):
         print(line)
     return 0
+
+
+# ------------------------------------------------------------------ windows learned at run time
+
+
+def learn_windows(config: ProxyConfig, base_url: str, running: bool) -> str:
+    """Record in `config.models` the windows and output limits known only at run time, and
+    say where they came from: the running proxy at `base_url` (what it discovered at its
+    start, the very figures its pre-flight holds requests to), else the upstreams asked here
+    (a proxy that does not answer `/health?detail=1` with this key, or none running)."""
+    if running and windows_from_proxy(config, base_url):
+        return "the running proxy"
+    asyncio.run(discover(config))
+    return "the upstreams"
+
+
+def windows_from_proxy(config: ProxyConfig, base_url: str) -> bool:
+    """The proxy's `/health?detail=1` windows, for the providers this configuration has;
+    False when it cannot be read (another key, another program, an older proxy)."""
+    key = client_key(config)
+    try:
+        response = httpx.get(f"{base_url}/health", params={"detail": "1"}, timeout=5.0,
+                             headers={"x-api-key": key, "authorization": f"Bearer {key}"})
+        providers = response.json()["providers"] if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(providers, dict):
+        return False
+    for name, detail in providers.items():
+        models = detail.get("models") if isinstance(detail, dict) else None
+        if name not in config.providers or not isinstance(models, dict):
+            continue
+        for model, figures in models.items():
+            facts = reported_facts(figures)
+            if facts is not None:
+                config.models.discover(name, model, facts)
+    return True
+
+
+def reported_facts(figures: object) -> ModelFacts | None:
+    """One model's figures as `/health?detail=1` reports them, as ModelFacts (attributed to
+    the proxy's own source, e.g. `discovered: llama.cpp /props n_ctx`); None when unknown."""
+    if not isinstance(figures, dict):
+        return None
+    known = {key: figures[key] for key in ("context_window", "max_output_tokens")
+             if isinstance(figures.get(key), int) and not isinstance(figures[key], bool)
+             and figures[key] > 0}
+    if not known:
+        return None
+    source = f"running proxy: {figures.get('source') or 'unknown'}"
+    return ModelFacts(**known, sources={key: source for key in known})
 
 
 # ------------------------------------------------------------------ claude-proxy claude
@@ -262,21 +327,23 @@ def serve_arguments(env_file: Path | None, config_file: str | None, host: str,
 
 def run_claude(config: ProxyConfig, host: str, port: int, claude_args: Sequence[str],
                serve_args: Sequence[str]) -> int:
-    """Claude Code against this proxy; its exit status is the command's."""
-    env = claude_code_environment(config, host, port)
+    """Claude Code against this proxy; its exit status is the command's. The proxy is up
+    (started here when none answers) before Claude Code is told its windows: they are the
+    ones the proxy learned."""
     binary = claude_binary(os.environ)
-    base_url = str(env["ANTHROPIC_BASE_URL"])
+    base_url = base_url_of(host, port)
     background = None
     if not answers(base_url):
         background = BackgroundProxy(serve_args, base_url)
         background.wait_ready()
-    child = dict(os.environ)
-    for name, value in env.items():
-        if value is None:
-            child.pop(name, None)
-        else:
-            child[name] = value
     try:
+        learn_windows(config, base_url, running=True)
+        child = dict(os.environ)
+        for name, value in claude_code_environment(config, host, port).items():
+            if value is None:
+                child.pop(name, None)
+            else:
+                child[name] = value
         return run_child([binary, *claude_args], child)
     finally:
         if background is not None:
