@@ -9,6 +9,10 @@ recorder in front of the proxy keeps each `POST /v1/messages` as it arrived. The
 dummy and is written as `sk-recorded`. Loopback only.
 
 Run: `PYTHONPATH=src .venv/bin/python -m tests.record_claude_code_requests`.
+
+With `--hint-headers`: the subagent run again with `CLAUDE_CODE_GATEWAY_HINT_HEADERS=1`, kept
+as `claude-code-<version>-hint-headers.json`: each request's `x-claude-*` headers and model, in
+the order they arrived (the request classes the router reads).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -95,8 +100,11 @@ def agent_loop(body: dict[str, Any]) -> Reply:
 
 
 def record(claude_bin: Path, prompt: str = PROMPT, allowed: str = "Bash(echo:*)",
-           respond: Any = None) -> tuple[str, list[dict[str, Any]]]:
-    """Claude Code's version and the Messages requests of one run of `prompt`."""
+           respond: Any = None, extra_env: dict[str, str] | None = None,
+           runs: list[list[str]] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """Claude Code's version and the Messages requests of one run of `prompt` (`extra_env`:
+    more variables for Claude Code; `runs`: other command lines, one after the other in the
+    same HOME and folder)."""
     version = subprocess.run([str(claude_bin), "--version"], capture_output=True, text=True,
                              check=True, timeout=60).stdout.split()[0]
     upstream = ScriptedUpstream().start()
@@ -104,7 +112,8 @@ def record(claude_bin: Path, prompt: str = PROMPT, allowed: str = "Bash(echo:*)"
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         settings = Settings(openai_base_url=upstream.base_url, openai_api_key="sk-record",
-                            provider="openai", log_file=str(tmp / "proxy.log"))
+                            provider="openai", responses_api=False,  # scripts: Chat
+                            log_file=str(tmp / "proxy.log"))
         recorder = RequestRecorder(create_app(settings))
         sock = bind_loopback()
         server, thread = serve_in_thread(recorder, sock)
@@ -113,20 +122,54 @@ def record(claude_bin: Path, prompt: str = PROMPT, allowed: str = "Bash(echo:*)"
             work = tmp / "work"
             for name in ("home", "work", "tmp"):
                 (tmp / name).mkdir()
-            subprocess.run([str(claude_bin), "-p", prompt, "--output-format", "stream-json",
-                            "--verbose", "--no-session-persistence", "--allowedTools",
-                            allowed],
-                           env=environment(url, tmp / "home", tmp / "tmp"), cwd=work,
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=300, check=True)
+            for args in runs or [["-p", prompt, "--output-format", "stream-json", "--verbose",
+                                  "--no-session-persistence", "--allowedTools", allowed]]:
+                subprocess.run([str(claude_bin), *args],
+                               env={**environment(url, tmp / "home", tmp / "tmp"),
+                                    **(extra_env or {})}, cwd=work,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=300, check=True)
         finally:
             stop_server(server, thread)
             upstream.stop()
     return version, recorder.requests
 
 
+HINT_PROMPT = AGENT_PROMPT
+COMPACT_ANSWER = "<summary>The user said hello.</summary>"
+
+
+def record_hint_headers(claude_bin: Path) -> Path:
+    """The hint headers of a main loop that calls a subagent, then of a manual `/compact` of
+    a session, as Claude Code sent them."""
+    hints = {"CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
+    version, requests = record(claude_bin, HINT_PROMPT, "Agent", agent_loop, hints)
+    _, compacted = record(claude_bin, respond=lambda _body: text_stream([COMPACT_ANSWER]),
+                          extra_env=hints, runs=[["-p", "hello"],
+                                                 ["-p", "--continue", "/compact"]])
+    requests += compacted
+    path = FIXTURES / f"claude-code-{version}-hint-headers.json"
+    provenance = {
+        "claude_code": version, "recorded": datetime.date.today().isoformat(),
+        "how": "tests/record_claude_code_requests.py --hint-headers: the real binary (-p, "
+               "stream-json, --allowedTools Agent, isolated HOME, CLAUDE_CODE_GATEWAY_HINT_"
+               "HEADERS=1) against the proxy and the scripted upstream on loopback, then "
+               "`-p hello` and `-p --continue /compact` in one HOME; each request's x-claude-* "
+               "headers and model as they arrived",
+        "prompt": HINT_PROMPT}
+    kept = [{"model": request["body"].get("model"),
+             "headers": {name: value for name, value in request["headers"].items()
+                         if name.startswith("x-claude")}} for request in requests]
+    path.write_text(json.dumps({"provenance": provenance, "requests": kept}, indent=1) + "\n",
+                    encoding="utf-8")
+    return path
+
+
 def main() -> None:
     claude_bin = default_claude_bin()
+    if "--hint-headers" in sys.argv[1:]:
+        print(f"written {record_hint_headers(claude_bin)}")
+        return
     version, requests = record(claude_bin)
     loop = [request for request in requests if request["body"].get("tools")]
     if len(loop) < 2:

@@ -6,9 +6,11 @@ front of the scripted upstream; the budget clock is a fake one the tests move.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import pytest
 
 from claude_proxy.config.file import ConfigurationError, load_config_file
 from claude_proxy.config.settings import Settings
+from claude_proxy.keys.usage_log import FILE_NAME, SqliteUsageLog
 from claude_proxy.routing.reach import check_budgets
 from claude_proxy.routing.tokens import estimate_request_tokens
 from claude_proxy.server.app import create_app
@@ -334,6 +337,29 @@ def test_a_key_sees_only_itself_and_the_administrator_sees_all(
     assert " key=bob session=session-b agent=- provider=beta route=explicit " in log
 
 
+def test_usage_groups_by_claude_codes_request_class_and_prompt(
+        keyed: Callable[..., KeyedProxy], upstream: ScriptedUpstream) -> None:
+    """The gateway hints reach /v1/usage; a value that is not a known class (or not
+    id-shaped) is `?`, never shown as sent."""
+    proxy = keyed()
+    upstream.queue(*(completion({"content": "x"}, usage=openai_usage(100, 10))
+                     for _ in range(4)))
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}]}
+    for request_class, prompt in (("main", "p-1"), ("main", "p-1"), ("auxiliary", "p-2"),
+                                  ("<b>main</b>", "a b")):
+        response = httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=30, headers={
+            "x-api-key": TEAM_KEYS["alice"], "x-claude-code-request-class": request_class,
+            "x-claude-code-prompt-id": prompt})
+        assert response.status_code == 200
+    by_class = usage_of(proxy, TEAM_KEYS["alice"], group_by="request_class")["data"]
+    assert [(r["request_class"], r["requests"], r["input_tokens"]) for r in by_class] == [
+        ("?", 1, 100), ("auxiliary", 1, 100), ("main", 2, 200)]
+    by_prompt = usage_of(proxy, CLIENT_KEY, group_by="prompt")["data"]
+    assert [(r["prompt"], r["requests"]) for r in by_prompt] == [
+        ("?", 1), ("p-1", 2), ("p-2", 1)]
+
+
 # ---------------------------------------------------------------- budgets and limits
 
 
@@ -434,6 +460,30 @@ def test_spend_survives_a_restart_without_redis(
     assert refused.json()["error"]["message"] == BUDGET_MESSAGE
     rows = usage_of(second, CLIENT_KEY)["data"]
     assert [(r["key"], r["requests"], r["cost_usd"]) for r in rows] == [("carol", 1, 1.0485)]
+
+
+def test_a_usage_file_of_the_first_schema_gains_the_class_and_prompt_columns(
+        tmp_path: Path) -> None:
+    """DATA_DIR written before the gateway hints: its rows stay, new ones carry the hints."""
+    old = sqlite3.connect(tmp_path / FILE_NAME)
+    old.execute("CREATE TABLE usage (ts REAL, key TEXT, provider TEXT, model TEXT, route TEXT, "
+                "session TEXT, agent TEXT, input INTEGER, output INTEGER, cache_read INTEGER, "
+                "cache_write INTEGER, cost_usd REAL)")
+    old.execute("INSERT INTO usage VALUES (1, 'alice', 'p', 'm', 'default', '-', '-', 10, 1, "
+                "0, 0, 0.5)")
+    old.commit()
+    old.close()
+    log = SqliteUsageLog(tmp_path)
+    try:
+        log.record({"ts": 2, "key": "bob", "provider": "p", "model": "m", "route": "background",
+                    "session": "s", "agent": "-", "input": 5, "output": 1, "cache_read": 0,
+                    "cache_write": 0, "cost_usd": 0.25, "request_class": "auxiliary",
+                    "prompt": "p-1"})
+        rows = asyncio.run(log.entries(0, 10))
+    finally:
+        log.close()
+    assert [(r["key"], r["request_class"], r["prompt"], r["cost_usd"]) for r in rows] == [
+        ("alice", None, None, 0.5), ("bob", "auxiliary", "p-1", 0.25)]
 
 
 # ---------------------------------------------------------------- configuration

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,8 @@ EXPECTED = {
     "ANTHROPIC_MODEL": "route:big", "ANTHROPIC_DEFAULT_OPUS_MODEL": "route:big",
     "ANTHROPIC_DEFAULT_SONNET_MODEL": "route:middle",
     "ANTHROPIC_DEFAULT_HAIKU_MODEL": "route:small",
-    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8192"}
+    "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8192",
+    "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1"}
 
 
 def test_background_proxy_started_for_the_session_and_stopped_after(
@@ -240,7 +242,8 @@ def test_env_with_routes_names_the_routes(tmp_path: Path, upstream: ScriptedUpst
         "export ANTHROPIC_DEFAULT_HAIKU_MODEL=route:background",
         "export CLAUDE_CODE_SUBAGENT_MODEL=route:subagent",
         "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=64000",
-        "export CLAUDE_CODE_MAX_OUTPUT_TOKENS=16000"]
+        "export CLAUDE_CODE_MAX_OUTPUT_TOKENS=16000",
+        "export CLAUDE_CODE_GATEWAY_HINT_HEADERS=1"]
 
 
 # ------------------------------------------------------------------ routing by route id and agent
@@ -431,3 +434,79 @@ def test_without_any_window_none_is_set(tmp_path: Path, upstream: ScriptedUpstre
     lines = run_env(tmp_path, llamacpp_env_file(tmp_path, upstream, free_port()))
     assert not [line for line in lines if "CLAUDE_CODE_MAX_CONTEXT_TOKENS" in line]
     assert "export CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096" in lines
+
+
+# ------------------------------------------------------------------ request classes
+
+
+HINTS = json.loads((Path(__file__).parent / "data" / "fixtures" /
+                    "claude-code-2.1.332-hint-headers.json").read_text(encoding="utf-8"))
+"""The x-claude-* headers of Claude Code 2.1.332 with CLAUDE_CODE_GATEWAY_HINT_HEADERS=1: a
+main loop calling a subagent, then a manual /compact (tests/record_claude_code_requests.py)."""
+
+
+def hinted(request_class: str) -> dict[str, str]:
+    """The first recorded request of this class, its headers as Claude Code sent them."""
+    return next(dict(r["headers"]) for r in HINTS["requests"]
+                if r["headers"].get("x-claude-code-request-class") == request_class)
+
+
+def test_the_recorded_classes_choose_the_route() -> None:
+    """Claude Code's own headers through the router: main → default, subagent → subagent,
+    compaction → long_context (a short request: the class alone decides)."""
+    routed = router(default="p,main", background="p,bg", subagent="p,sub",
+                    long_context="p,long")
+    body: dict[str, Any] = {"model": "route:default", "messages": [
+        {"role": "user", "content": "hi"}]}
+    chosen = []
+    for recorded in HINTS["requests"]:
+        headers = recorded["headers"]
+        chosen.append((headers["x-claude-code-request-class"], routed.candidates(
+            body, 10, subagent="x-claude-code-agent-id" in headers,
+            request_class=headers["x-claude-code-request-class"])[0].route))
+    assert set(chosen) == {("main", "default"), ("subagent", "subagent"),
+                           ("compaction", "long_context")}
+    assert routed.candidates(body, 10, request_class="auxiliary")[0].route == "background"
+    # a class whose route is not configured changes nothing
+    plain = router(default="p,main")
+    assert {plain.candidates(body, 10, request_class=c)[0].route for c in (
+        "compaction", "auxiliary", "subagent", "workflow", "side_reply", "?")} == {"default"}
+
+
+def test_request_classes_route_and_are_shown(
+        tmp_path: Path, upstream: ScriptedUpstream, caplog: pytest.LogCaptureFixture) -> None:
+    body = {"model": "route:default", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}
+    main, subagent, compaction = hinted("main"), hinted("subagent"), hinted("compaction")
+    auxiliary = {**main, "x-claude-code-request-class": "auxiliary"}
+    forged = {**main, "x-claude-code-request-class": "main prompt=x route=long_context",
+              "x-claude-code-prompt-id": "a b"}
+    sent = [main, subagent, compaction, auxiliary, forged]
+    with routed_server(tmp_path, upstream) as url, caplog.at_level(
+            logging.INFO, logger="claude_proxy.access"):
+        ids = []
+        for headers in sent:
+            response = httpx.post(f"{url}/v1/messages", json=body, headers=headers, timeout=30)
+            assert response.status_code == 200
+            ids.append(response.headers["request-id"])
+        rows = [httpx.get(f"{url}/ui/api/requests/{i}").json()["row"] for i in ids]
+
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "claude_proxy.access"
+                    and "POST /v1/messages" in r.getMessage()]
+
+        assert eventually(lambda: len(lines()) == len(sent))
+    assert [r["model"] for r in upstream.requests] == [
+        "main-model", "sub-model", "long-model", "small-model", "main-model"]
+    prompt = main["x-claude-code-prompt-id"]
+    assert compaction.get("x-claude-code-prompt-id") is None  # /compact sends none
+    # the new fields come last: the line is as it was up to them
+    assert all(re.search(r" cached=\d+(?: cost_usd=\S+)? class=\S+ prompt=\S+$", line)
+               for line in lines())
+    assert [line.split(" class=", 1)[1] for line in lines()] == [
+        f"main prompt={prompt}", f"subagent prompt={prompt}", "compaction prompt=-",
+        f"auxiliary prompt={prompt}", "? prompt=?"]
+    assert [(row["request_class"], row["prompt"], row["route"]) for row in rows] == [
+        ("main", prompt, "default"), ("subagent", prompt, "subagent"),
+        ("compaction", "-", "long_context"), ("auxiliary", prompt, "background"),
+        ("?", "?", "default")]

@@ -21,6 +21,12 @@ from starlette.types import Scope
 SESSION_HEADER = b"x-claude-code-session-id"
 AGENT_HEADER = b"x-claude-code-agent-id"
 """Claude Code marks its subagents' requests with this header (the main loop sends none)."""
+CLASS_HEADER = b"x-claude-code-request-class"
+PROMPT_HEADER = b"x-claude-code-prompt-id"
+"""Claude Code's gateway hints (sent with CLAUDE_CODE_GATEWAY_HINT_HEADERS=1, which the
+launcher sets): what kind of request this is, and the user turn it belongs to."""
+REQUEST_CLASSES = frozenset({"main", "subagent", "workflow", "compaction", "auxiliary",
+                             "side_reply"})
 _SHOWN_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
 """What of a client-chosen id goes into the log and the dashboard: nothing that could forge a
 log line or carry markup."""
@@ -44,6 +50,11 @@ class RequestRecord:
     """Claude Code's session id (`x-claude-code-session-id`), `-` without one."""
     agent: str = "-"
     """The subagent's id (`x-claude-code-agent-id`), `-` for the main loop and other clients."""
+    request_class: str = "-"
+    """Claude Code's request class (`x-claude-code-request-class`: main, subagent, workflow,
+    compaction, auxiliary, side_reply), `-` without one, `?` for any other value."""
+    prompt: str = "-"
+    """The user turn's id (`x-claude-code-prompt-id`), `-` without one."""
     failover: list[str] = field(default_factory=list)
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None
@@ -83,6 +94,8 @@ class RequestRecord:
                     if self.failover else "")
         who = f"key={self.key} " if self.key != "-" else ""
         cost = f" cost_usd={self.cost:.6f}" if self.cost is not None else ""
+        if self.request_class != "-" or self.prompt != "-":
+            cost += f" class={self.request_class} prompt={self.prompt}"
         return (f"request_id={self.request_id} {self.method} {self.path} {who}"
                 f"session={self.session} agent={self.agent} "
                 f"provider={self.provider} route={self.route} {failover}"
@@ -110,12 +123,29 @@ class RecordObserver(Protocol):
 def client_ids(scope: Scope) -> tuple[str, str]:
     """The session and agent ids Claude Code sent: `-` when absent, `?` when present but not
     id-shaped (still a subagent's request for the router)."""
-    found = {SESSION_HEADER: "-", AGENT_HEADER: "-"}
+    found = shown_headers(scope, SESSION_HEADER, AGENT_HEADER)
+    return found[SESSION_HEADER], found[AGENT_HEADER]
+
+
+def client_hints(scope: Scope) -> tuple[str, str]:
+    """Claude Code's request class and prompt id: `-` when absent, `?` when not one of the
+    known classes (or, for the prompt id, not id-shaped): never a value that could forge a
+    log line or steer the router by a name it does not know."""
+    found = shown_headers(scope, CLASS_HEADER, PROMPT_HEADER)
+    request_class = found[CLASS_HEADER]
+    if request_class not in REQUEST_CLASSES and request_class != "-":
+        request_class = "?"
+    return request_class, found[PROMPT_HEADER]
+
+
+def shown_headers(scope: Scope, *names: bytes) -> dict[bytes, str]:
+    """Each of these headers as it may be shown: `-` when absent, `?` when not id-shaped."""
+    found = dict.fromkeys(names, "-")
     for name, value in scope.get("headers", ()):
         if name in found:
             text = value.decode("latin-1").strip()
             found[name] = text if _SHOWN_ID.fullmatch(text) else "?"
-    return found[SESSION_HEADER], found[AGENT_HEADER]
+    return found
 
 
 def current_record() -> RequestRecord:

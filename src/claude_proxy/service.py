@@ -288,7 +288,8 @@ class MessagesService:
         measure = self.measure(body, session, estimate)
         previous = await self.sessions.recall(session)
         candidates = self.permitted(self.router.candidates(
-            body, estimate, previous, subagent=record.agent != "-"))
+            body, estimate, previous, subagent=record.agent != "-",
+            request_class=record.request_class))
         fits = preflight.plan(candidates, self.permitted(self.router.route("long_context"),
                                                          strict=False), measure)
         walk = _Walk([fit.candidate for fit in fits], self.providers)

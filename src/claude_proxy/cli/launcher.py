@@ -69,6 +69,9 @@ def claude_code_environment(config: ProxyConfig, host: str, port: int) -> Enviro
     - CLAUDE_CODE_SUBAGENT_MODEL: `route:subagent` when that route is configured.
     - CLAUDE_CODE_MAX_CONTEXT_TOKENS / CLAUDE_CODE_MAX_OUTPUT_TOKENS: the smallest window and
       output limit among the candidates of the main route (see `main_window`).
+    - CLAUDE_CODE_GATEWAY_HINT_HEADERS=1: Claude Code then labels each request with its class
+      (`x-claude-code-request-class`: main, subagent, compaction, auxiliary, …) and its user
+      turn (`x-claude-code-prompt-id`), which the router and the access line read.
     """
     router = Router(config.providers, config.router)
     ids = model_ids(router)
@@ -85,6 +88,7 @@ def claude_code_environment(config: ProxyConfig, host: str, port: int) -> Enviro
     if window is not None:
         env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(window)
     env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(main_output_limit(config, router))
+    env["CLAUDE_CODE_GATEWAY_HINT_HEADERS"] = "1"
     return env
 
 

@@ -22,10 +22,13 @@ logger = logging.getLogger("claude_proxy.state")
 
 FILE_NAME = "usage.sqlite3"
 COLUMNS = ("ts", "key", "provider", "model", "route", "session", "agent", "input", "output",
-           "cache_read", "cache_write", "cost_usd")
+           "cache_read", "cache_write", "cost_usd", "request_class", "prompt")
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS usage (ts REAL, key TEXT, provider TEXT, model TEXT, "
            "route TEXT, session TEXT, agent TEXT, input INTEGER, output INTEGER, "
-           "cache_read INTEGER, cache_write INTEGER, cost_usd REAL)")
+           "cache_read INTEGER, cache_write INTEGER, cost_usd REAL, request_class TEXT, "
+           "prompt TEXT)")
+_ADDED = {"request_class": "TEXT", "prompt": "TEXT"}
+"""Columns added since the first schema: a file written before gets them (empty) at start."""
 _STOP = object()
 
 
@@ -46,6 +49,10 @@ class SqliteUsageLog:
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(usage)")}
+            for column, kind in _ADDED.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE usage ADD COLUMN {column} {kind}")
             self._db.execute("CREATE INDEX IF NOT EXISTS usage_ts ON usage (ts)")
         self._queue: queue.Queue[object] = queue.Queue()
         self._writer = threading.Thread(target=self._write, name="usage-writer", daemon=True)
@@ -65,7 +72,8 @@ class SqliteUsageLog:
                 if batch:
                     with self._lock:
                         self._db.executemany(
-                            f"INSERT INTO usage VALUES ({','.join('?' * len(COLUMNS))})",
+                            f"INSERT INTO usage ({','.join(COLUMNS)}) "
+                            f"VALUES ({','.join('?' * len(COLUMNS))})",
                             batch)
             except sqlite3.Error:
                 logger.exception("could not write %d usage entries to %s", len(batch),

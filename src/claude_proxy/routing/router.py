@@ -6,13 +6,20 @@ match wins:
 
 1. an explicit `PROVIDER,MODEL` (or `PROVIDER/MODEL` when PROVIDER is a configured name);
 2. `image`: an image or document in the last user turn;
-3. `long_context`: the estimated input (or the session's previous turn) over the threshold;
+3. `long_context`: the estimated input (or the session's previous turn) over the threshold,
+   or Claude Code's compaction request (request class `compaction`);
 4. `web_search`: a `web_search_*` server tool;
 5. `think`: adaptive thinking at effort xhigh/max, or `ultrathink` in the last user text;
-6. `subagent`: a request of one of Claude Code's subagents (`x-claude-code-agent-id`);
-7. `background`: a model name containing `haiku`;
+6. `subagent`: a request of one of Claude Code's subagents (`x-claude-code-agent-id`, or
+   request class `subagent`);
+7. `background`: a model name containing `haiku`, or request class `auxiliary` (titles,
+   summaries: Claude Code's own small calls);
 8. `default`; with no `[router]` table, opus/sonnet/haiku → BIG/MIDDLE/SMALL of the first
    provider, other names unchanged.
+
+The request class is Claude Code's `x-claude-code-request-class` gateway hint (sent with
+CLAUDE_CODE_GATEWAY_HINT_HEADERS=1, which the launcher sets): exact where the model name
+and the agent id are guesses.
 
 A model id `route:NAME` (what `claude-proxy claude` gives Claude Code) asks for the route NAME
 by name: the rules above still apply first, so a long or illustrated request still goes where
@@ -91,9 +98,10 @@ class Router:
 
     def candidates(self, body: dict[str, Any], estimated_tokens: int,
                    previous_tokens: int | None = None,
-                   subagent: bool = False) -> list[Candidate]:
+                   subagent: bool = False, request_class: str = "-") -> list[Candidate]:
         """The candidates in the order to try them, without repeats. `subagent`: the request
-        came from one of Claude Code's subagents."""
+        came from one of Claude Code's subagents; `request_class`: Claude Code's hint (`-`
+        without one)."""
         model = client_model_name(str(body["model"]))
         chosen = self.explicit(model)
         if chosen is not None:
@@ -102,8 +110,9 @@ class Router:
             asked = asked_route(model)
             if asked is not None:
                 self.check_route_id(asked)
-            found = self._by_rules(body, model, estimated_tokens, previous_tokens, subagent,
-                                   asked)
+            found = self._by_rules(body, model, estimated_tokens, previous_tokens,
+                                   subagent or request_class == "subagent", asked,
+                                   request_class)
         return _unique(found + self.fallbacks())
 
     def route_ids(self) -> list[str]:
@@ -140,18 +149,19 @@ class Router:
 
     def _by_rules(self, body: dict[str, Any], model: str, estimated_tokens: int,
                   previous_tokens: int | None, subagent: bool = False,
-                  asked: str | None = None) -> list[Candidate]:
+                  asked: str | None = None, request_class: str = "-") -> list[Candidate]:
         settings = self.settings
         if settings is None:
             return [self._first_provider(model, asked)]
         threshold = settings.long_context_threshold
         checks: tuple[tuple[str, Callable[[], bool]], ...] = (
             ("image", lambda: has_media_in_last_user_turn(body)),
-            ("long_context", lambda: max(estimated_tokens, previous_tokens or 0) > threshold),
+            ("long_context", lambda: request_class == "compaction"
+             or max(estimated_tokens, previous_tokens or 0) > threshold),
             ("web_search", lambda: has_web_search_tool(body)),
             ("think", lambda: wants_hard_thinking(body)),
             ("subagent", lambda: subagent),
-            ("background", lambda: "haiku" in model.lower()),
+            ("background", lambda: request_class == "auxiliary" or "haiku" in model.lower()),
         )
         for name, applies in checks:
             route = self.route(name)

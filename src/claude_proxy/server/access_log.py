@@ -19,6 +19,7 @@ from claude_proxy.record import (
     RecordObserver,
     RequestRecord,
     bind,
+    client_hints,
     client_ids,
     new_request_id,
     unbind,
@@ -46,6 +47,7 @@ class AccessLogMiddleware:
             return
         record = RequestRecord(new_request_id(), scope["method"], scope["path"])
         record.session, record.agent = client_ids(scope)
+        record.request_class, record.prompt = client_hints(scope)
         token = bind(record)
         if self.observer is not None:
             self.observer.started(record)

@@ -171,6 +171,8 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "route": record.route,
         "session": record.session,
         "agent": record.agent,
+        "request_class": record.request_class,
+        "prompt": record.prompt,
         "key": record.key,
         "cost": record.cost,
         "failover": list(record.failover),

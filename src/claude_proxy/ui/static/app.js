@@ -122,7 +122,9 @@ function rowMatches(row) {
 
 function sessionTitle(row) {
   const agent = row.agent && row.agent !== "-" ? `subagent ${row.agent}` : "main loop (no agent id)";
-  return `session ${row.session || "-"} · ${agent}`;
+  const hinted = row.request_class && row.request_class !== "-"
+    ? ` · class ${row.request_class} · prompt ${row.prompt || "-"}` : "";
+  return `session ${row.session || "-"} · ${agent}${hinted}`;
 }
 
 function rowElement(row) {
@@ -140,7 +142,8 @@ function rowElement(row) {
       el("span", { class: "c-model", text: row.model }), failover),
     el("td", { class: "c-route", text: row.route }),
     el("td", { class: "c-session mono", title: sessionTitle(row) }, (row.session || "-").slice(0, 8),
-      row.agent && row.agent !== "-" ? el("span", { class: "agent", text: " · " + row.agent.slice(0, 6) }) : null),
+      row.agent && row.agent !== "-" ? el("span", { class: "agent", text: " · " + row.agent.slice(0, 6) }) : null,
+      row.request_class && row.request_class !== "-" ? el("span", { class: "agent", text: " · " + row.request_class }) : null),
     el("td", {}, el("span", { class: "c-status " + statusClass(row.status), text: row.status }), retries),
     el("td", { class: "c-stream", text: row.stream ? "stream" : "json" }),
     el("td", { class: "num c-ttfb", text: millis(row.ttfb) }),
