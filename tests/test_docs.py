@@ -26,6 +26,7 @@ PENDING_PAGES = frozenset({"several-processes.md", "context-windows.md", "keys-a
 has landed it is checked like any other."""
 
 PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
+               "XDG_CONFIG_HOME": "src/claude_proxy/cli/desktop.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",

@@ -6,6 +6,7 @@
     claude-proxy keys new NAME | usage [...] | statusline   (key_commands.py)
     claude-proxy env     [--env-file PATH | --env NAME] [--config FILE] [--shell SHELL]
     claude-proxy claude  [--env-file PATH | --env NAME] [--config FILE] [--] [ARGS...]
+    claude-proxy desktop [--env-file PATH | --env NAME] [--config FILE] [--restore] [--print]
 """
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="claude-proxy",
         description="Anthropic Messages API proxy for OpenAI-compatible upstreams.")
-    parser.add_argument("command", nargs="?", choices=("serve", "doctor", "env", "claude"),
+    parser.add_argument("command", nargs="?",
+                        choices=("serve", "doctor", "env", "claude", "desktop"),
                         default="serve",
                         help="serve (default); doctor: check that Claude Code will work; env: "
                              "print the variables that point Claude Code here; claude: run "
-                             "Claude Code against this proxy (ARGS go to it unchanged)")
+                             "Claude Code against this proxy (ARGS go to it unchanged); "
+                             "desktop: point Claude Desktop's third-party mode here")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--env-file", metavar="PATH",
                         help="read settings from this file; environment variables still win")
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker processes (default 1); they share one port")
     parser.add_argument("--shell", choices=SHELLS, default="bash",
                         help="env: the shell to print for (default bash)")
+    parser.add_argument("--restore", action="store_true",
+                        help="desktop: put back the configuration found before the first run")
+    parser.add_argument("--print", action="store_true", dest="print_only",
+                        help="desktop: only show what would be written")
     parser.add_argument("--version", action="version", version=f"claude-proxy {__version__}")
     return parser
 
@@ -345,19 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from claude_proxy.cli.doctor import run_doctor
         return run_doctor(config)
-    if args.command in ("env", "claude"):
+    if args.command in ("env", "claude", "desktop"):
         return launch(config, env_file, args, claude_args)
     return serve(config, env_file, args)
 
 
 def launch(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace,
            claude_args: list[str]) -> int:
-    """`env` prints Claude Code's settings; `claude` runs it with them (launcher.py)."""
+    """`env` prints Claude Code's settings; `claude` runs it with them (launcher.py);
+    `desktop` writes Claude Desktop's (desktop.py)."""
     host = args.host or config.settings.host
     port = args.port if args.port is not None else config.settings.port
     if args.command == "env":
         return print_environment(config, host, port, args.shell)
     try:
+        if args.command == "desktop":
+            from claude_proxy.cli.desktop import run_desktop
+            return run_desktop(config, host, port, args.restore, args.print_only)
         return run_claude(config, host, port, claude_args,
                           serve_arguments(env_file, args.config, host, port))
     except ConfigurationError as exc:

@@ -34,6 +34,12 @@ import httpx
 
 from claude_proxy.config.file import ConfigurationError, ProxyConfig
 from claude_proxy.config.model_table import ModelFacts
+from claude_proxy.routing.catalog import (
+    candidate_windows,
+    output_limit,
+    route_candidates,
+    smallest,
+)
 from claude_proxy.routing.discovery import discover
 from claude_proxy.routing.router import Candidate, Router, route_id
 
@@ -106,15 +112,6 @@ def model_ids(router: Router) -> dict[str, str]:
     return ids
 
 
-def route_candidates(router: Router, name: str) -> list[Candidate]:
-    """Where a request for route `name` can end up: its own list, then the fallbacks; the
-    first provider's tier when no such route is configured."""
-    own = router.route(name) or router.route("default")
-    if not own:
-        own = [router.candidates({"model": route_id("big"), "messages": []}, 0)[0]]
-    return [*own, *router.fallbacks()]
-
-
 def main_window(config: ProxyConfig, router: Router) -> int | None:
     """The window Claude Code should compact by (one figure for every model it uses):
 
@@ -135,24 +132,12 @@ def main_window(config: ProxyConfig, router: Router) -> int | None:
 
 
 def main_output_limit(config: ProxyConfig, router: Router) -> int:
-    """The smallest output limit among the main route's candidates: the model's known
-    `max_output_tokens`, else the provider's clamp (PROVIDER_MAX_OUTPUT_TOKENS or the
-    profile's)."""
-    limits = []
-    for candidate in route_candidates(router, "default"):
-        known = config.models.facts(candidate.provider, candidate.model).max_output_tokens
-        clamp = config.providers[candidate.provider].max_output_tokens
-        limits.append(min(known, clamp) if known else clamp)
-    return min(limits)
+    """The smallest output limit among the main route's candidates (catalog.output_limit)."""
+    return output_limit(router, config.models, route_candidates(router, "default"))
 
 
 def windows(config: ProxyConfig, candidates: Iterable[Candidate]) -> list[int | None]:
-    return [config.models.facts(c.provider, c.model).context_window for c in candidates]
-
-
-def smallest(values: Iterable[int | None]) -> int | None:
-    known = [value for value in values if value]
-    return min(known) if known else None
+    return candidate_windows(config.models, candidates)
 
 
 def client_key(config: ProxyConfig) -> str:

@@ -24,7 +24,13 @@ from claude_proxy.keys.budget import Gate
 from claude_proxy.keys.ring import Identity, KeyRing
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record
-from claude_proxy.routing.catalog import health_detail, model_entry, model_ids, models_page
+from claude_proxy.routing.catalog import (
+    family_defaults,
+    health_detail,
+    model_entry,
+    model_ids,
+    models_page,
+)
 from claude_proxy.routing.discovery import windows
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.server.event_stream import EventStream
@@ -166,16 +172,20 @@ async def list_models(request: Request) -> Response:
     identify(request)
     service = service_of(request)
     return json_response(models_page(model_ids(service.router, service.providers),
-                                     wiring(request).started))
+                                     wiring(request).started, service.router,
+                                     service.config.models))
 
 
 async def get_model(request: Request) -> Response:
     identify(request)
     model_id = request.path_params["model_id"]
     service = service_of(request)
-    if model_id not in model_ids(service.router, service.providers):
+    ids = model_ids(service.router, service.providers)
+    if model_id not in ids:
         raise ProxyError(404, f"model {model_id!r} not found")
-    return json_response(model_entry(model_id, wiring(request).started))
+    return json_response(model_entry(model_id, wiring(request).started, service.router,
+                                     service.config.models,
+                                     model_id in family_defaults(service.router, ids)))
 
 
 # ---------------------------------------------------------------- operations
