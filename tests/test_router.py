@@ -116,6 +116,32 @@ def test_without_a_router_the_tier_mapping_of_the_first_provider() -> None:
     assert router.candidates(request("gpt-4o"), 10) == [Candidate("one", "gpt-4o", "default")]
 
 
+@pytest.mark.parametrize(("model", "without_router", "with_router"), [
+    ("opus", "b", ("kimi", "kimi-k2.6", "default")),
+    ("opus[1m]", "b", ("kimi", "kimi-k2.6", "default")),
+    ("sonnet", "m", ("kimi", "kimi-k2.6", "default")),
+    ("sonnet[1m]", "m", ("kimi", "kimi-k2.6", "default")),
+    ("haiku", "s", ("glm", "glm-4.7-flash", "background")),
+    ("claude-opus-4-5", "b", ("kimi", "kimi-k2.6", "default")),
+    ("claude-opus-4-5-20251101", "b", ("kimi", "kimi-k2.6", "default")),
+    ("claude-opus-5-5[1m]", "b", ("kimi", "kimi-k2.6", "default")),
+    ("claude-sonnet-4-5-20250929", "m", ("kimi", "kimi-k2.6", "default")),
+    ("claude-haiku-4-5-20251001", "s", ("glm", "glm-4.7-flash", "background")),
+    ("claude-fable-5-2", "b", ("kimi", "kimi-k2.6", "default")),
+    ("claude-mythos-5", "b", ("kimi", "kimi-k2.6", "default")),
+    ("us.anthropic.claude-opus-4-6-v1:0", "b", ("kimi", "kimi-k2.6", "default")),
+])
+def test_claude_aliases_canonical_and_dated_ids_resolve_to_their_tiers(
+        model: str, without_router: str, with_router: tuple[str, str, str]) -> None:
+    """What Claude Code and Claude Desktop send (an alias, a canonical or dated id, the
+    canonical opus id it re-asks under after a refusal) never reaches an upstream as is."""
+    providers = {"one": ProviderSettings(openai_api_key="k", big_model="b", middle_model="m",
+                                         small_model="s")}
+    assert Router(providers, None).candidates(request(model), 10) == [
+        Candidate("one", without_router, "default")]
+    assert routed(request(model))[0] == with_router
+
+
 def test_candidates_are_not_repeated() -> None:
     router = RouterSettings(default=["glm,glm-5", "kimi,k"], fallback=["kimi,k", "glm,glm-5"])
     assert routed(request(), router=router) == [("glm", "glm-5", "default"),

@@ -35,6 +35,7 @@ from tests.scripted_upstream import (
     ScriptedUpstream,
     bind_loopback,
     chunk,
+    completion,
     error_reply,
     serve_in_thread,
     stop_server,
@@ -602,3 +603,19 @@ def test_an_error_names_the_provider_and_route_that_gave_it(
     assert eventually(lines)
     assert ("provider=beta route=fallback failover=alpha->beta "
             "model=claude-sonnet-4-6->beta-fallback status=400") in lines()[0]
+
+
+@pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("model", ["opus", "opus[1m]", "claude-opus-5-5",
+                                   "claude-opus-4-5", "claude-fable-5-2"])
+def test_a_claude_id_reaches_the_big_model_and_comes_back_as_sent(
+        proxy: ProxyServer, upstream: ScriptedUpstream, model: str) -> None:
+    """Claude Code re-asks under the canonical opus id (2.1.332: `claude-opus-5-5`) after a
+    refusal; Desktop sends the bare aliases: each resolves to the tier, never sent as is."""
+    upstream.queue(completion({"content": "answered"}))
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="unused")
+    message = client.messages.create(model=model, max_tokens=50,
+                                     messages=[{"role": "user", "content": "hi"}])
+    assert message.model == model and message.content[0].type == "text"
+    assert message.content[0].text == "answered"
+    assert upstream.requests[-1]["model"] == "big-upstream"

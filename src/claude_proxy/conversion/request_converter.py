@@ -49,14 +49,21 @@ from claude_proxy.conversion.tools import convert_tool_choice, convert_tools, re
 
 logger = logging.getLogger("claude_proxy.conversion")
 
-_TIERS: tuple[tuple[str, Tier], ...] = (("opus", "big"), ("sonnet", "middle"), ("haiku", "small"))
+_TIERS: tuple[tuple[str, Tier], ...] = (("opus", "big"), ("fable", "big"), ("mythos", "big"),
+                                        ("sonnet", "middle"), ("haiku", "small"))
+"""Claude family names → tiers, first match wins. Fable and Mythos stand above Opus
+(Claude Code 2.1.332 knows `claude-fable-5-2` and `claude-mythos-5`, and offers `fable` to
+its Agent tool), so they take the biggest model."""
 # Profiles whose servers take `top_k` (SGLang runs with the vllm profile); the OpenAI-style
 # APIs of the others have no such field.
 TOP_K_PROFILES = frozenset({"vllm", "llamacpp", "ollama"})
 
 
 def map_model(requested: str, settings: ProviderSettings) -> str:
-    """opus/sonnet/haiku names → BIG/MIDDLE/SMALL_MODEL; any other name passes unchanged."""
+    """Claude names → BIG/MIDDLE/SMALL_MODEL: the aliases (`opus`, `sonnet`, `haiku`), the
+    canonical and dated ids (`claude-opus-4-5`, `claude-opus-4-5-20251101`) and the opus
+    id Claude Code re-asks under after a refusal all name their family; fable and mythos map
+    to BIG. Any other name passes unchanged (the router strips a `[1m]` marker first)."""
     lowered = requested.lower()
     for marker, tier in _TIERS:
         if marker in lowered:
