@@ -132,3 +132,26 @@ def test_a_task_subagents_requests_reach_the_subagent_route(
     log = (tmp_path / "logs" / "claude-proxy.log").read_text()
     sub_lines = [line for line in log.splitlines() if "route=subagent" in line]
     assert sub_lines and all(" agent=-" not in line for line in sub_lines)
+
+
+DISCOVERED = 32768
+"""llama-server's `-c 32768`: a window told only by its `/props`."""
+
+
+@pytest.mark.parametrize("binary", binaries())
+def test_a_discovered_window_reaches_claude_code(
+        tmp_path: Path, upstream: ScriptedUpstream, binary: Path) -> None:
+    """A llama.cpp provider with no configured window: the proxy the launcher starts learns
+    `n_ctx` from `/props`, and Claude Code's result reports it as its context window."""
+    upstream.props = {"default_generation_settings": {"n_ctx": DISCOVERED},
+                      "build_info": "b0-unknown", "chat_template": "{{ messages }}",
+                      "total_slots": 1}
+    upstream.responder = lambda _body: text_stream(["done"])
+    path = tmp_path / ".env.llamacpp"
+    path.write_text(f"OPENAI_BASE_URL={upstream.base_url}\nPROVIDER=llamacpp\nBIG_MODEL=gguf\n"
+                    f"MIDDLE_MODEL=gguf\nSMALL_MODEL=gguf\nPORT={free_port()}\n"
+                    "PROVIDER_MAX_OUTPUT_TOKENS=4096\n")
+    _, lines = launch_claude(tmp_path, binary, ["--env-file", str(path)], "Say done.")
+    result = lines[-1]
+    assert result["is_error"] is False and result["result"] == "done"
+    assert [usage["contextWindow"] for usage in result["modelUsage"].values()] == [DISCOVERED]
