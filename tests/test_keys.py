@@ -355,8 +355,8 @@ def test_usage_groups_by_claude_codes_request_class_and_prompt(
     by_class = usage_of(proxy, TEAM_KEYS["alice"], group_by="request_class")["data"]
     assert [(r["request_class"], r["requests"], r["input_tokens"]) for r in by_class] == [
         ("?", 1, 100), ("auxiliary", 1, 100), ("main", 2, 200)]
-    by_prompt = usage_of(proxy, CLIENT_KEY, group_by="prompt")["data"]
-    assert [(r["prompt"], r["requests"]) for r in by_prompt] == [
+    by_prompt = usage_of(proxy, CLIENT_KEY, group_by="prompt_id")["data"]
+    assert [(r["prompt_id"], r["requests"]) for r in by_prompt] == [
         ("?", 1), ("p-1", 2), ("p-2", 1)]
 
 
@@ -462,7 +462,7 @@ def test_spend_survives_a_restart_without_redis(
     assert [(r["key"], r["requests"], r["cost_usd"]) for r in rows] == [("carol", 1, 1.0485)]
 
 
-def test_a_usage_file_of_the_first_schema_gains_the_class_and_prompt_columns(
+def test_a_usage_file_of_the_first_schema_gains_the_class_and_prompt_id_columns(
         tmp_path: Path) -> None:
     """DATA_DIR written before the gateway hints: its rows stay, new ones carry the hints."""
     old = sqlite3.connect(tmp_path / FILE_NAME)
@@ -478,11 +478,11 @@ def test_a_usage_file_of_the_first_schema_gains_the_class_and_prompt_columns(
         log.record({"ts": 2, "key": "bob", "provider": "p", "model": "m", "route": "background",
                     "session": "s", "agent": "-", "input": 5, "output": 1, "cache_read": 0,
                     "cache_write": 0, "cost_usd": 0.25, "request_class": "auxiliary",
-                    "prompt": "p-1"})
+                    "prompt_id": "p-1"})
         rows = asyncio.run(log.entries(0, 10))
     finally:
         log.close()
-    assert [(r["key"], r["request_class"], r["prompt"], r["cost_usd"]) for r in rows] == [
+    assert [(r["key"], r["request_class"], r["prompt_id"], r["cost_usd"]) for r in rows] == [
         ("alice", None, None, 0.5), ("bob", "auxiliary", "p-1", 0.25)]
 
 

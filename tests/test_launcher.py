@@ -501,12 +501,12 @@ def test_request_classes_route_and_are_shown(
     prompt = main["x-claude-code-prompt-id"]
     assert compaction.get("x-claude-code-prompt-id") is None  # /compact sends none
     # the new fields come last: the line is as it was up to them
-    assert all(re.search(r" cached=\d+(?: cost_usd=\S+)? class=\S+ prompt=\S+$", line)
+    assert all(re.search(r" cached=\d+(?: cost_usd=\S+)? class=\S+ prompt_id=\S+$", line)
                for line in lines())
     assert [line.split(" class=", 1)[1] for line in lines()] == [
-        f"main prompt={prompt}", f"subagent prompt={prompt}", "compaction prompt=-",
-        f"auxiliary prompt={prompt}", "? prompt=?"]
-    assert [(row["request_class"], row["prompt"], row["route"]) for row in rows] == [
+        f"main prompt_id={prompt}", f"subagent prompt_id={prompt}", "compaction prompt_id=-",
+        f"auxiliary prompt_id={prompt}", "? prompt_id=?"]
+    assert [(row["request_class"], row["prompt_id"], row["route"]) for row in rows] == [
         ("main", prompt, "default"), ("subagent", prompt, "subagent"),
         ("compaction", "-", "long_context"), ("auxiliary", prompt, "background"),
         ("?", "?", "default")]

@@ -53,7 +53,7 @@ class RequestRecord:
     request_class: str = "-"
     """Claude Code's request class (`x-claude-code-request-class`: main, subagent, workflow,
     compaction, auxiliary, side_reply), `-` without one, `?` for any other value."""
-    prompt: str = "-"
+    prompt_id: str = "-"
     """The user turn's id (`x-claude-code-prompt-id`), `-` without one."""
     failover: list[str] = field(default_factory=list)
     """The providers tried before the one that answered, in order."""
@@ -94,8 +94,8 @@ class RequestRecord:
                     if self.failover else "")
         who = f"key={self.key} " if self.key != "-" else ""
         cost = f" cost_usd={self.cost:.6f}" if self.cost is not None else ""
-        if self.request_class != "-" or self.prompt != "-":
-            cost += f" class={self.request_class} prompt={self.prompt}"
+        if self.request_class != "-" or self.prompt_id != "-":
+            cost += f" class={self.request_class} prompt_id={self.prompt_id}"
         return (f"request_id={self.request_id} {self.method} {self.path} {who}"
                 f"session={self.session} agent={self.agent} "
                 f"provider={self.provider} route={self.route} {failover}"

@@ -190,15 +190,13 @@ def print_environment(config: ProxyConfig, host: str, port: int, shell: str) -> 
 # ------------------------------------------------------------------ windows learned at run time
 
 
-def learn_windows(config: ProxyConfig, base_url: str, running: bool) -> str:
-    """Record in `config.models` the windows and output limits known only at run time, and
-    say where they came from: the running proxy at `base_url` (what it discovered at its
-    start, the very figures its pre-flight holds requests to), else the upstreams asked here
-    (a proxy that does not answer `/health?detail=1` with this key, or none running)."""
-    if running and windows_from_proxy(config, base_url):
-        return "the running proxy"
-    asyncio.run(discover(config))
-    return "the upstreams"
+def learn_windows(config: ProxyConfig, base_url: str, running: bool) -> None:
+    """Record in `config.models` the windows and output limits known only at run time: from
+    the running proxy at `base_url` (what it discovered at its start, the very figures its
+    pre-flight holds requests to), else from the upstreams asked here (a proxy that does not
+    answer `/health?detail=1` with this key, or none running)."""
+    if not (running and windows_from_proxy(config, base_url)):
+        asyncio.run(discover(config))
 
 
 def windows_from_proxy(config: ProxyConfig, base_url: str) -> bool:

@@ -180,7 +180,7 @@ def usage_entry(record: RequestRecord, now: float, cost: float) -> Record:
     entry: dict[str, Any] = {"ts": now, "key": record.key, "provider": record.provider,
                              "model": record.upstream_model, "route": record.route,
                              "session": record.session, "agent": record.agent,
-                             "request_class": record.request_class, "prompt": record.prompt,
+                             "request_class": record.request_class, "prompt_id": record.prompt_id,
                              "cost_usd": cost}
     for kind in USAGE_FIELDS:
         entry[kind] = record.tokens.get(kind, 0)

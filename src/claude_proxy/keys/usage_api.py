@@ -1,6 +1,6 @@
 """`GET /v1/usage` and `GET /v1/usage/me`: spend and tokens, added up from the usage log.
 
-`/v1/usage?group_by=key|model|provider|day|session|request_class|prompt&from=&to=`: the
+`/v1/usage?group_by=key|model|provider|day|session|request_class|prompt_id&from=&to=`: the
 administrator sees every key, a key only itself. `from` / `to` are dates (`2026-11-01`; `to`
 counts its whole day), ISO times or epoch seconds; by default the current calendar month.
 `/v1/usage/me`: the caller's spend today and in its budget period, and what is left (what
@@ -24,8 +24,9 @@ from claude_proxy.keys.ring import Identity
 from claude_proxy.keys.spend import ADMIN_PERIOD, USAGE_FIELDS, Ledger
 from claude_proxy.state.store import Record
 
-GROUPS = ("key", "model", "provider", "day", "session", "request_class", "prompt")
-"""`request_class` and `prompt`: Claude Code's gateway hints (record.py), `-` without them."""
+GROUPS = ("key", "model", "provider", "day", "session", "request_class",
+          "prompt_id")
+"""`request_class` and `prompt_id`: Claude Code's gateway hints (record.py), `-` without them."""
 ANTHROPIC_NAMES = {"input": "input_tokens", "output": "output_tokens",
                    "cache_read": "cache_read_input_tokens",
                    "cache_write": "cache_creation_input_tokens"}

@@ -22,12 +22,12 @@ logger = logging.getLogger("claude_proxy.state")
 
 FILE_NAME = "usage.sqlite3"
 COLUMNS = ("ts", "key", "provider", "model", "route", "session", "agent", "input", "output",
-           "cache_read", "cache_write", "cost_usd", "request_class", "prompt")
+           "cache_read", "cache_write", "cost_usd", "request_class", "prompt_id")
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS usage (ts REAL, key TEXT, provider TEXT, model TEXT, "
            "route TEXT, session TEXT, agent TEXT, input INTEGER, output INTEGER, "
            "cache_read INTEGER, cache_write INTEGER, cost_usd REAL, request_class TEXT, "
-           "prompt TEXT)")
-_ADDED = {"request_class": "TEXT", "prompt": "TEXT"}
+           "prompt_id TEXT)")
+_ADDED = {"request_class": "TEXT", "prompt_id": "TEXT"}
 """Columns added since the first schema: a file written before gets them (empty) at start."""
 _STOP = object()
 

@@ -47,7 +47,7 @@ class AccessLogMiddleware:
             return
         record = RequestRecord(new_request_id(), scope["method"], scope["path"])
         record.session, record.agent = client_ids(scope)
-        record.request_class, record.prompt = client_hints(scope)
+        record.request_class, record.prompt_id = client_hints(scope)
         token = bind(record)
         if self.observer is not None:
             self.observer.started(record)

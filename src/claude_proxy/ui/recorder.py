@@ -172,7 +172,7 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "session": record.session,
         "agent": record.agent,
         "request_class": record.request_class,
-        "prompt": record.prompt,
+        "prompt_id": record.prompt_id,
         "key": record.key,
         "cost": record.cost,
         "failover": list(record.failover),

@@ -123,7 +123,7 @@ function rowMatches(row) {
 function sessionTitle(row) {
   const agent = row.agent && row.agent !== "-" ? `subagent ${row.agent}` : "main loop (no agent id)";
   const hinted = row.request_class && row.request_class !== "-"
-    ? ` · class ${row.request_class} · prompt ${row.prompt || "-"}` : "";
+    ? ` · class ${row.request_class} · prompt ${row.prompt_id || "-"}` : "";
   return `session ${row.session || "-"} · ${agent}${hinted}`;
 }
 
