@@ -21,7 +21,7 @@ CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
 .PHONY: run test test-claude-latest test-container lint typecheck unit bench bench-redis clean \
-	browser shells redis
+	browser shells redis soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -116,6 +116,11 @@ unit: $(VENV)/.installed-test $(JS_CLIENTS)
 ## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## soak: the fleet (two replicas x two workers, one Redis) for ten minutes under faults: Redis
+## killed and restarted, the upstream down, a replica SIGKILLed (`make test` runs a minute of it)
+soak: $(VENV)/.installed-test redis
+	$(BIN)/python -m tests.soak --seconds $(or $(SOAK_SECONDS),600)
 
 ## bench-redis: CPU per request and added latency with REDIS_URL vs in-process state
 bench-redis: $(VENV)/.installed-test redis

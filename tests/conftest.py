@@ -90,7 +90,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                  [*TEAM_KEYS.values()])
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.write("\n")  # after the progress line, which does not end in one
         reporter.write_line(f"secrets scan: {len(SuiteRecord.responses)} responses and the "
                             f"suite's log read; " + ("; ".join(problems) or "no secret found"),
                             red=bool(problems))

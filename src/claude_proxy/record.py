@@ -64,6 +64,9 @@ class RequestRecord:
     `[keys]`. Never the key."""
     cost: float | None = None
     """USD, from the upstream's usage and the model's prices (keys/spend.py); None when unpriced."""
+    charged: bool = False
+    """Whether the key's spend and the usage entry were written (once, before the response
+    ended, or when it was cut)."""
     input_estimate: int = 0
     """The proxy's own estimate of the input sent (calibrated against what the upstream
     reports: routing/calibration.py)."""
@@ -169,9 +172,12 @@ def new_request_id() -> str:
 
 
 class Charger(Protocol):
-    """Told of every finished request before it is logged (keys/spend.py's ledger)."""
+    """Told of every request as its response ends, and again (to no effect if it was
+    charged then) once it has finished (keys/spend.py's ledger)."""
 
-    def charge(self, record: RequestRecord) -> None: ...
+    async def settle(self, record: RequestRecord) -> None: ...
+
+    def charge(self, record: RequestRecord) -> bool: ...
 
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:

@@ -95,11 +95,24 @@ class Ledger:
         spec = self.keys.spec(name)
         return spec.budget_period if spec is not None else ADMIN_PERIOD
 
-    def charge(self, record: RequestRecord) -> None:
+    async def settle(self, record: RequestRecord) -> None:
+        """Charges the request before its response ends, and waits until the charge reached
+        the shared store: a client that has its whole answer is never admitted again on a
+        spend that misses it, and a process killed after answering has lost no usage entry
+        (tests/soak.py). One round trip to the store at the end of a keyed request; none
+        without a shared store."""
+        if self.charge(record):
+            await self.store.sync()
+
+    def charge(self, record: RequestRecord) -> bool:
         """One finished request: its cost on the record (for the access line and dashboard),
-        the key's counters, the metric, and the usage entry."""
+        the key's counters, the metric, and the usage entry. Once per request: False when
+        there was nothing (more) to charge."""
+        if record.charged:
+            return False
+        record.charged = True
         if record.path not in CHARGED_PATHS or record.key == "-" or not record.tokens:
-            return
+            return False
         facts = self.models.facts(record.provider, record.upstream_model)
         cost = cost_usd(facts, record.tokens)
         record.cost = cost
@@ -115,6 +128,7 @@ class Ledger:
             self.metrics.cost.labels(record.key, record.provider,
                                      record.upstream_model).inc(amount)
         self.log.record(usage_entry(record, now, amount))
+        return True
 
     def _count(self, name: str, amount: float, now: float) -> None:
         period = self.period_of(name)

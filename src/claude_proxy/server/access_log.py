@@ -60,6 +60,9 @@ class AccessLogMiddleware:
                 record.first_byte = time.perf_counter()
                 if record.status >= 400:
                     record.error_body = bytes(message["body"][:4096])
+            if (self.charger is not None and message["type"] == "http.response.body"
+                    and not message.get("more_body", False)):
+                await self._settle(record)  # charged before the response's last byte
             await send(message)
 
         try:
@@ -67,6 +70,13 @@ class AccessLogMiddleware:
         finally:
             unbind(token)
             self._finish(record)
+
+    async def _settle(self, record: RequestRecord) -> None:
+        assert self.charger is not None
+        try:
+            await self.charger.settle(record)
+        except Exception:  # accounting must never fail a response
+            logger.exception("charging request %s failed", record.request_id)
 
     def _finish(self, record: RequestRecord) -> None:
         finished = time.perf_counter()

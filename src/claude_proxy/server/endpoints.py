@@ -130,7 +130,7 @@ async def messages(request: Request) -> Response:
     payload = await read_json_body(request, wired.settings.max_request_bytes)
     body = validate_request(MessagesRequest, payload)
     screen_request(body, request.headers.get("anthropic-beta"))
-    wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
+    await wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
     service = service_of(request)
     deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout
     if is_search_request(body):

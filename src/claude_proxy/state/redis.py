@@ -82,8 +82,17 @@ return #ops
 """A flush's writes (records, notices, log entries, minute counters) as one command, applied
 once per id (KEYS[1]) like INCREMENT_ONCE: the operations in ARGV[2] (JSON), the values they
 name in the ARGV that follow."""
-UNCONFIRMED_LIMIT = 64
+UNCONFIRMED_LIMIT = 256
 """Flushes kept for sending again while Redis does not confirm them (the oldest dropped)."""
+FLUSH_OPS = 256
+"""The most operations in one flush: what an outage left queued (thousands of usage entries
+and dashboard rows) is sent as several flushes, each small enough to be confirmed within
+REDIS_TIMEOUT. Sent whole, it took longer than that on a loaded host, so each try failed and
+opened the breaker again, until a process killed meanwhile lost it all (tests/soak.py)."""
+LOG_PAGE = 2000
+"""Log entries read in one call."""
+FLUSHES_PER_CALL = 8
+"""Flushes sent in one pipeline (one round trip, one REDIS_TIMEOUT)."""
 FLUSH_DELAY = 0.05
 """Writes wait this long to share a pipeline with the next requests' (`sync` does not)."""
 MIRRORED = ("health:", "refusal:")
@@ -179,12 +188,23 @@ class RedisStore(StateStore):
         self._wake.set()
 
     async def read_log(self, log: str, count: int) -> list[Record]:
-        if count <= 0:
-            return []
-        entries = await self._call(
-            lambda: self._client.xrevrange(self.prefix + log, count=count))
-        if entries is None:
-            return await self.local.read_log(log, count)
+        """Read LOG_PAGE entries a call, newest first, so that each call is answered within
+        REDIS_TIMEOUT however long the log (the usage log holds up to 100,000 entries, which
+        one call took longer than that to send)."""
+        entries: list[Any] = []
+        newest = "+"
+        while len(entries) < count:
+            wanted = min(LOG_PAGE, count - len(entries))
+            page = await self._call(lambda: self._client.xrevrange(
+                self.prefix + log, max=newest, count=wanted))  # noqa: B023 (awaited here)
+            if page is None:
+                return await self.local.read_log(log, count)
+            entries += page
+            if len(page) < wanted:
+                break
+            last = page[-1][0]
+            # exclusive: the entries before the last one read
+            newest = "(" + (last.decode() if isinstance(last, bytes) else str(last))
         return [_entry(fields) for _, fields in reversed(entries)]
 
     async def claim(self, key: str, ttl: float) -> bool:
@@ -385,6 +405,15 @@ class RedisStore(StateStore):
         writes = list(self._unconfirmed.items())
         if not (batches or writes):
             return True
+        while len(writes) > FLUSHES_PER_CALL:  # a backlog: oldest first, a call at a time
+            if not await self._send(batches, writes[:FLUSHES_PER_CALL]):
+                return False
+            batches, writes = [], writes[FLUSHES_PER_CALL:]
+        return await self._send(batches, writes)
+
+    async def _send(self, batches: list[tuple[str, dict[str, tuple[float, float | None]]]],
+                    writes: list[tuple[str, tuple[bytes, list[bytes], list[str]]]]) -> bool:
+        """One pipeline: counter batches and flushes, each applied once (by its id)."""
         pipe = self._client.pipeline(transaction=False)
         for batch, counters in batches:
             keys = [f"{self.prefix}batch:{batch}", *(self.prefix + key for key in counters)]
@@ -413,10 +442,25 @@ class RedisStore(StateStore):
         ops, values = self._operations(records, appends, fields)
         if not ops:
             return
-        self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        if len(ops) <= FLUSH_OPS:
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        else:  # a backlog: records first (in one flush), then the log entries in chunks
+            self._take_in_parts(records, appends, fields)
         self._unconfirmed_keys.update(list(records))
         while len(self._unconfirmed) > UNCONFIRMED_LIMIT:
             self._confirmed(next(iter(self._unconfirmed)))  # dropped: bounded while away
+
+    def _take_in_parts(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
+                       appends: list[tuple[str, bytes, int]],
+                       fields: dict[str, tuple[dict[str, float], float]]) -> None:
+        """A large flush as several, in order: the records and minute counters, then the log
+        entries FLUSH_OPS at a time (each part applied once by its own id)."""
+        ops, values = self._operations(records, [], fields)
+        if ops:
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        for start in range(0, len(appends), FLUSH_OPS):
+            ops, values = self._operations(OrderedDict(), appends[start:start + FLUSH_OPS], {})
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, [])
 
     def _confirmed(self, flush: str) -> None:
         _, _, keys = self._unconfirmed.pop(flush)
