@@ -37,7 +37,7 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
-from claude_proxy.record import mark
+from claude_proxy.record import current_trace, mark
 from claude_proxy.upstream import chat_completions, responses
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstream.overflow import from_payload, from_upstream
@@ -311,6 +311,9 @@ class OpenAIClient:
         # was kept for as long as its answer is open).
         headers = self._prepared_headers(target, headers_for, accept).copy()
         headers["content-length"] = str(len(content))
+        trace = current_trace()
+        if trace is not None:  # OpenTelemetry on: the attempt's traceparent
+            trace.inject(headers)
         request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
         del content
