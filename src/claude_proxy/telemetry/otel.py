@@ -7,10 +7,9 @@ chunk, and the record's end ends the rest with the usage, the stop reason and th
 layers below call nothing of this; the upstream client only asks for the attempt's
 `traceparent` (`record.current_trace`).
 
-Names follow the GenAI semantic conventions (Development status): the spans' attributes and
-`gen_ai.client.token.usage`, `gen_ai.client.operation.duration` and
-`gen_ai.client.operation.time_to_first_chunk`; OTEL_SEMCONV_STABILITY_OPT_IN naming
-`gen_ai_latest_experimental` adds the newer `gen_ai.client.inference.usage.*` instruments.
+Names follow the GenAI semantic conventions (Development status; open-telemetry/
+semantic-conventions-genai, docs/gen-ai/client-inference.md and gen-ai-metrics.md), in the
+generation OTEL_SEMCONV_STABILITY_OPT_IN selects (`GenAIMetrics`).
 """
 
 from __future__ import annotations
@@ -67,9 +66,7 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
                  16777216, 67108864)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)
-FIRST_CHUNK_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                       2.5, 5.0, 7.5, 10.0)
-DETAILED_TOKENS = {  # the newer generation's counters, by the record's token kinds
+USAGE_COUNTERS = {  # the latest generation's counters, by the record's token kinds
     "input": "input_tokens", "output": "output_tokens",
     "cache_read": "cache_read.input_tokens", "cache_write": "cache_write.input_tokens",
     "reasoning": "reasoning.output_tokens",
@@ -110,8 +107,11 @@ class ProxyTelemetry:
         self._tracer_provider, self._meters = tracer_provider, meters
         self.tracer: Tracer = (tracer_provider.get_tracer("claude_proxy", _version())
                                if tracer_provider is not None else NoOpTracer())
-        self.metrics = (GenAIMetrics(meters, LATEST in _opt_ins(environ))
-                        if meters is not None else None)
+        latest = LATEST in _opt_ins(environ)
+        self.metrics = GenAIMetrics(meters, latest) if meters is not None else None
+        self.cache_write = ("gen_ai.usage.cache_write.input_tokens" if latest
+                            else "gen_ai.usage.cache_creation.input_tokens")
+        """The latest generation renamed the cache-creation count."""
         self.upstreams = upstreams
         self.secrets = secrets
         self.content = environ.get(CONTENT_VARIABLE, "").strip().lower() == "true"
@@ -140,49 +140,52 @@ class ProxyTelemetry:
 
 
 class GenAIMetrics:
-    """The GenAI client metrics, per provider and model; the newer generation's too when
-    OTEL_SEMCONV_STABILITY_OPT_IN names gen_ai_latest_experimental."""
+    """The GenAI client metrics, per provider and model, in the generation
+    OTEL_SEMCONV_STABILITY_OPT_IN selects: by default the one instrumentations have emitted
+    (`gen_ai.client.operation.*`, `gen_ai.client.token.usage`); with
+    `gen_ai_latest_experimental`, the latest (`gen_ai.client.inference.*`) instead, as the
+    conventions ask ("emit the latest … and do not emit the old one")."""
 
     def __init__(self, meters: MeterProvider, latest: bool) -> None:
         meter = meters.get_meter("claude_proxy", _version())
+        operation = "gen_ai.client.inference" if latest else "gen_ai.client.operation"
         self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s", description="GenAI operation duration.",
+            "gen_ai.client.inference.duration" if latest else "gen_ai.client.operation.duration",
+            unit="s", description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.first_chunk = meter.create_histogram(
-            "gen_ai.client.operation.time_to_first_chunk", unit="s",
+            f"{operation}.time_to_first_chunk", unit="s",
             description="Time to receive the first chunk in a streaming operation.",
-            explicit_bucket_boundaries_advisory=FIRST_CHUNK_BUCKETS)
-        self.tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.latest = latest
-        if latest:
-            self.input_tokens = meter.create_histogram(
-                "gen_ai.client.inference.usage.input_tokens", unit="{token}",
-                description="The number of input (prompt) tokens used per inference operation.",
+        if not latest:
+            self.tokens = meter.create_histogram(
+                "gen_ai.client.token.usage", unit="{token}",
+                description="Number of input and output tokens used.",
                 explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
-            self.output_tokens = meter.create_histogram(
-                "gen_ai.client.inference.usage.output_tokens", unit="{token}",
-                description="The number of output tokens used per inference operation.",
-                explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
-            self.detailed = {kind: meter.create_counter(
-                f"gen_ai.client.inference.usage.detailed.{name}", unit="{token}")
-                for kind, name in DETAILED_TOKENS.items()}
+            return
+        self.per_operation = {kind: meter.create_histogram(
+            f"gen_ai.client.inference.operation.{kind}_tokens", unit="{token}",
+            description=f"The number of {kind} tokens used per inference operation.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS) for kind in ("input", "output")}
+        self.counters = {kind: meter.create_counter(
+            f"gen_ai.client.inference.usage.{name}", unit="{token}")
+            for kind, name in USAGE_COUNTERS.items()}
 
     def usage(self, tokens: dict[str, int], attributes: dict[str, AttributeValue]) -> None:
         """One operation's tokens (the record's Anthropic usage: input without the cache)."""
-        total_in = input_tokens(tokens)
-        output = tokens.get("output", 0)
-        self.tokens.record(total_in, {**attributes, "gen_ai.token.type": "input"})
-        self.tokens.record(output, {**attributes, "gen_ai.token.type": "output"})
+        counts = {**tokens, "input": input_tokens(tokens)}
         if not self.latest:
+            for kind in ("input", "output"):
+                self.tokens.record(counts.get(kind, 0),
+                                   {**attributes, "gen_ai.token.type": kind})
             return
-        self.input_tokens.record(total_in, attributes)
-        self.output_tokens.record(output, attributes)
-        counts = {**tokens, "input": total_in}
-        for kind, counter in self.detailed.items():
-            counter.add(counts.get(kind, 0), attributes)
+        for kind, histogram in self.per_operation.items():
+            histogram.record(counts.get(kind, 0), attributes)
+        # The upstreams' usage does not say which tokens were text and which images.
+        by_modality = {**attributes, "gen_ai.token.modality": "unknown"}
+        for kind, counter in self.counters.items():
+            counter.add(counts.get(kind, 0), by_modality)
 
 
 def input_tokens(tokens: dict[str, int]) -> int:
@@ -268,6 +271,9 @@ class RequestSpans:
             "gen_ai.provider.name": upstream.provider if upstream else record.provider,
             "gen_ai.request.model": record.upstream_model,
         }
+        extra: dict[str, AttributeValue] = {"claude_proxy.attempt": self._attempts}
+        if record.stream:
+            extra["gen_ai.request.stream"] = True
         if upstream is not None and upstream.address:
             attributes["server.address"] = upstream.address
             if upstream.port is not None:
@@ -275,8 +281,7 @@ class RequestSpans:
         span = self._telemetry.tracer.start_span(
             f"chat {record.upstream_model}", context=set_span_in_context(self._server),
             kind=SpanKind.CLIENT, start_time=self._ns(at),
-            attributes={**attributes, **_conversation(record), **_own_facts(record),
-                        "claude_proxy.attempt": self._attempts})
+            attributes={**attributes, **_conversation(record), **_own_facts(record), **extra})
         self._attempt = _Attempt(span, at, attributes)
 
     def _fail_attempt(self, detail: str, at: float) -> None:
@@ -300,9 +305,11 @@ class RequestSpans:
         if attempt is None:
             return
         attempt.answered = at
-        metrics = self._telemetry.metrics
-        if metrics is not None and self._record.stream:
-            metrics.first_chunk.record(at - attempt.started, attempt.attributes)
+        if not self._record.stream:
+            return
+        attempt.span.set_attribute("gen_ai.response.time_to_first_chunk", at - attempt.started)
+        if self._telemetry.metrics is not None:
+            self._telemetry.metrics.first_chunk.record(at - attempt.started, attempt.attributes)
 
     def _end_answered(self, at: float) -> None:
         """An answered attempt ends where the next begins (a web search's next turn)."""
@@ -358,7 +365,7 @@ class RequestSpans:
                 "gen_ai.usage.input_tokens": input_tokens(tokens),
                 "gen_ai.usage.output_tokens": tokens.get("output", 0),
                 "gen_ai.usage.cache_read.input_tokens": tokens.get("cache_read", 0),
-                "gen_ai.usage.cache_creation.input_tokens": tokens.get("cache_write", 0),
+                self._telemetry.cache_write: tokens.get("cache_write", 0),
                 "gen_ai.usage.reasoning.output_tokens": tokens.get("reasoning", 0)})
         stop = stop_reason_of(record)
         if stop and stop != "None":
