@@ -163,6 +163,10 @@ def test_a_request_is_a_server_span_over_a_chat_client_span(
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "openai",
         "gen_ai.request.model": model,
+        "gen_ai.request.max_tokens": 100,
+        # What the upstream's answer says of itself (the scripted upstream's model and id).
+        "gen_ai.response.model": "scripted",
+        "gen_ai.response.id": "chatcmpl-scripted",
         "server.address": "127.0.0.1",
         "server.port": upstream_port(upstream),
         "gen_ai.conversation.id": SESSION,

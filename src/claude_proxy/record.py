@@ -43,6 +43,9 @@ class RequestTrace(Protocol):
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """The current upstream attempt's `traceparent` into its request's headers."""
 
+    def responded(self, model: Any, response_id: Any) -> None:
+        """What the upstream's answer says of itself: its model and its id."""
+
     def tool_call(self, tool: str, source: str, outcome: str, seconds: float) -> None:
         """A tool the proxy ran itself (web search), just finished after `seconds`."""
 

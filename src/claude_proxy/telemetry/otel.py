@@ -246,6 +246,14 @@ class RequestSpans:
         if self._attempt is not None:
             _TRACE_CONTEXT.inject(headers, set_span_in_context(self._attempt.span))
 
+    def responded(self, model: Any, response_id: Any) -> None:
+        if self._attempt is None:
+            return
+        if isinstance(model, str) and model:
+            self._attempt.span.set_attribute("gen_ai.response.model", model)
+        if isinstance(response_id, str) and response_id:
+            self._attempt.span.set_attribute("gen_ai.response.id", response_id)
+
     def tool_call(self, tool: str, source: str, outcome: str, seconds: float) -> None:
         end = time.perf_counter()
         span = self._telemetry.tracer.start_span(
@@ -271,7 +279,8 @@ class RequestSpans:
             "gen_ai.provider.name": upstream.provider if upstream else record.provider,
             "gen_ai.request.model": record.upstream_model,
         }
-        extra: dict[str, AttributeValue] = {"claude_proxy.attempt": self._attempts}
+        extra: dict[str, AttributeValue] = {"claude_proxy.attempt": self._attempts,
+                                            **_request_settings(record.upstream_body)}
         if record.stream:
             extra["gen_ai.request.stream"] = True
         if upstream is not None and upstream.address:
@@ -384,6 +393,23 @@ _TRACE_CONTEXT = TraceContextTextMapPropagator()
 
 def _route(path: str) -> str:
     return "/v1/models/{model_id}" if path.startswith("/v1/models/") else path
+
+
+REQUEST_SETTINGS = (("max_tokens", "gen_ai.request.max_tokens"),
+                    ("max_completion_tokens", "gen_ai.request.max_tokens"),
+                    ("max_output_tokens", "gen_ai.request.max_tokens"),
+                    ("temperature", "gen_ai.request.temperature"),
+                    ("top_p", "gen_ai.request.top_p"), ("top_k", "gen_ai.request.top_k"))
+"""The upstream request's fields (Chat Completions, Responses) the conventions name."""
+
+
+def _request_settings(body: dict[str, Any] | None) -> dict[str, AttributeValue]:
+    found: dict[str, AttributeValue] = {}
+    for field, name in REQUEST_SETTINGS:
+        value = (body or {}).get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[name] = value
+    return found
 
 
 def _conversation(record: RequestRecord) -> dict[str, AttributeValue]:

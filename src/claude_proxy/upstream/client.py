@@ -91,6 +91,10 @@ class UpstreamStream:
             if not self._wire.is_preamble(chunk):
                 break
 
+    def first_chunk(self) -> Chunk | None:
+        """The first chunk read ahead (before iterating), None if there is none."""
+        return self._first[0] if self._first else None
+
     def __aiter__(self) -> UpstreamStream:
         return self
 
@@ -240,7 +244,9 @@ class OpenAIClient:
                 raise _transport_error(exc) from exc
             finally:
                 await response.aclose()
-            return _parse_json_body(content)
+            answer = _parse_json_body(content)
+            _describe_to_trace(answer)
+            return answer
 
         return await self._with_retries(attempt)
 
@@ -255,6 +261,7 @@ class OpenAIClient:
                 # Failed, or the client went away (cancelled): never leave it open.
                 await stream.aclose()
                 raise
+            _describe_to_trace(stream.first_chunk())
             return stream
 
         return await self._with_retries(attempt)
@@ -395,6 +402,18 @@ def _transport_error(exc: httpx.HTTPError) -> ProxyError:
                           error_type="timeout_error")
     return ProxyError(502, f"upstream connection failed ({type(exc).__name__})",
                       error_type="overloaded_error")
+
+
+def _describe_to_trace(answer: Chunk | None) -> None:
+    """The upstream's own model and response id, for the attempt's span when OpenTelemetry is
+    on: a Chat Completions body or chunk names them at its top, a Responses event in its
+    `response`."""
+    trace = current_trace()
+    if trace is None or not answer:
+        return
+    inner = answer.get("response")
+    described = inner if isinstance(inner, dict) else answer
+    trace.responded(described.get("model"), described.get("id"))
 
 
 def _parse_json_body(content: bytes) -> Chunk:
