@@ -42,7 +42,7 @@ from opentelemetry.util.types import AttributeValue
 from starlette.types import Scope
 
 from claude_proxy.logs import redact
-from claude_proxy.record import RequestRecord, stop_reason_of
+from claude_proxy.record import RequestRecord, current_record, stop_reason_of
 from claude_proxy.telemetry import Exporters, Upstream
 
 logger = logging.getLogger("claude_proxy.telemetry")
@@ -208,8 +208,9 @@ class RequestSpans:
     upstream attempt opened and ended as the record's moments are marked."""
 
     def __init__(self, telemetry: ProxyTelemetry, record: RequestRecord, scope: Scope) -> None:
+        # The record is not kept (it keeps this trace: no cycle); the moments are marked while
+        # it is the current one (`current_record`), and `finish` is handed it.
         self._telemetry = telemetry
-        self._record = record
         # perf_counter (the record's clock) to the epoch nanoseconds spans are stamped with.
         self._epoch = time.time_ns() - int(time.perf_counter() * 1e9)
         carrier = {name.decode("latin-1"): value.decode("latin-1")
@@ -271,7 +272,7 @@ class RequestSpans:
 
     def _open_attempt(self, at: float) -> None:
         self._end_answered(at)
-        record = self._record
+        record = current_record()
         self._attempts += 1
         upstream = self._telemetry.upstreams.get(record.provider)
         attributes: dict[str, AttributeValue] = {
@@ -314,7 +315,7 @@ class RequestSpans:
         if attempt is None:
             return
         attempt.answered = at
-        if not self._record.stream:
+        if not current_record().stream:
             return
         attempt.span.set_attribute("gen_ai.response.time_to_first_chunk", at - attempt.started)
         if self._telemetry.metrics is not None:
@@ -324,12 +325,13 @@ class RequestSpans:
         """An answered attempt ends where the next begins (a web search's next turn)."""
         attempt, self._attempt = self._attempt, None
         if attempt is not None:
-            self._end_attempt(attempt, at, None)
+            self._end_attempt(attempt, at, current_record())
 
-    def _end_attempt(self, attempt: _Attempt, at: float, tokens: dict[str, int] | None) -> None:
+    def _end_attempt(self, attempt: _Attempt, at: float, record: RequestRecord,
+                     tokens: dict[str, int] | None = None) -> None:
         span = attempt.span
         if attempt.answered is None:  # the request ended (the client left) before an answer
-            error = "cancelled" if self._record.status in (0, 499) else "incomplete"
+            error = "cancelled" if record.status in (0, 499) else "incomplete"
             span.set_attribute("error.type", error)
             span.set_status(Status(StatusCode.ERROR))
             attributes = {**attempt.attributes, "error.type": error}
@@ -350,7 +352,7 @@ class RequestSpans:
             self._describe_answer(attempt.span, record)
             end = (attempt.answered if attempt.answered is not None and not record.stream
                    else finished)
-            self._end_attempt(attempt, end, record.tokens)
+            self._end_attempt(attempt, end, record, record.tokens)
         server = self._server
         server.set_attributes({"http.response.status_code": record.status,
                                **_conversation(record), **_own_facts(record)})
