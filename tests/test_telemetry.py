@@ -286,6 +286,27 @@ def test_a_refused_field_retry_is_a_second_client_span(
     assert [request.get("top_k") for request in upstream.requests] == [40, None]
 
 
+def test_each_retry_of_an_attempt_is_a_client_span_with_its_own_traceparent(
+        traced: Callable[..., Traced], upstream: ScriptedUpstream) -> None:
+    proxy = traced()  # max_retries=2, no pause
+    upstream.queue(error_reply(429, "slow down"), completion({"content": "ok"}, usage=USAGE))
+    assert post(proxy.proxy).status_code == 200
+    spans = proxy.finished(3)
+    server = the_server_span(spans)
+    limited, answered = by_kind(spans, SpanKind.CLIENT)
+    assert child_of(limited, server) and child_of(answered, server)
+    assert limited.name == answered.name
+    assert attributes(limited)["error.type"] == "rate_limit_error"
+    assert attributes(limited)["http.response.status_code"] == 429
+    assert [attributes(limited)["claude_proxy.attempt"],
+            attributes(answered)["claude_proxy.attempt"]] == [1, 2]
+    assert "error.type" not in attributes(answered)
+    assert attributes(answered)["gen_ai.usage.output_tokens"] == 30
+    sent = [headers["traceparent"].split("-")[2] for headers in upstream.headers]
+    assert sent == [f"{span.context.span_id:016x}" for span in (limited, answered)
+                    if span.context is not None]
+
+
 def test_a_web_search_is_a_span_of_its_own(
         traced: Callable[..., Traced], upstream: ScriptedUpstream,
         search_backend: SearchBackendServer) -> None:

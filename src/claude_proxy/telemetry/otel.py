@@ -224,6 +224,8 @@ class RequestSpans:
         self.trace_id = format(self._server.get_span_context().trace_id, "032x")
         self._attempt: _Attempt | None = None
         self._attempts = 0
+        self._retrying = False
+        """The upstream client is about to send the failed attempt again."""
 
     # ------------------------------------------------------------ the record's moments
 
@@ -235,17 +237,25 @@ class RequestSpans:
                 self._fail_attempt(detail, at)
             elif event == "first upstream byte":
                 self._answered(at)
-            elif event == "retry" and self._attempt is not None:
-                self._attempt.span.add_event("retry", {"detail": detail}, self._ns(at))
+            elif event == "retry":  # the client sends it again: a span of its own (inject)
+                self._fail_attempt(detail, at)
+                self._retrying = True
             elif event == "failover":
                 self._server.add_event("failover", {"detail": detail}, self._ns(at))
         except Exception:  # telemetry never fails a request
             logger.debug("could not trace %r", event, exc_info=True)
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
-        """The attempt's `traceparent` (and `tracestate`), nothing of the client's baggage."""
-        if self._attempt is not None:
-            _TRACE_CONTEXT.inject(headers, set_span_in_context(self._attempt.span))
+        """The attempt's `traceparent` (and `tracestate`), nothing of the client's baggage.
+        Called as each upstream request is sent: a retry's opens its span here."""
+        try:
+            if self._retrying and self._attempt is None:
+                self._retrying = False
+                self._open_attempt(time.perf_counter())
+            if self._attempt is not None:
+                _TRACE_CONTEXT.inject(headers, set_span_in_context(self._attempt.span))
+        except Exception:  # telemetry never fails a request
+            logger.debug("could not propagate the trace", exc_info=True)
 
     def responded(self, model: Any, response_id: Any) -> None:
         if self._attempt is None:
@@ -295,11 +305,12 @@ class RequestSpans:
         self._attempt = _Attempt(span, at, attributes)
 
     def _fail_attempt(self, detail: str, at: float) -> None:
-        """`detail` is service.py's `provider: status error_type`."""
+        """`detail` is service.py's `provider: status error_type`, or the upstream client's
+        `status error_type, again in …` for a retry."""
         attempt, self._attempt = self._attempt, None
         if attempt is None:
             return
-        status, _, error_type = detail.rpartition(": ")[2].partition(" ")
+        status, _, error_type = detail.rpartition(": ")[2].partition(",")[0].partition(" ")
         error = error_type or "upstream_error"
         attempt.span.set_attribute("error.type", error)
         if status.isdigit():
