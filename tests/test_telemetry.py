@@ -37,6 +37,7 @@ from tests.conftest import (
     serving,
 )
 from tests.scripted_upstream import (
+    Reply,
     ScriptedUpstream,
     bind_loopback,
     completion,
@@ -305,6 +306,21 @@ def test_each_retry_of_an_attempt_is_a_client_span_with_its_own_traceparent(
     sent = [headers["traceparent"].split("-")[2] for headers in upstream.headers]
     assert sent == [f"{span.context.span_id:016x}" for span in (limited, answered)
                     if span.context is not None]
+
+
+def test_an_attempt_the_client_left_before_its_answer_is_cancelled(
+        traced: Callable[..., Traced], upstream: ScriptedUpstream) -> None:
+    proxy = traced()
+    upstream.queue(Reply(events=[], stall_at=0))  # headers, then nothing
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{proxy.proxy.url}/v1/messages", timeout=0.5, json={
+            "model": "claude-sonnet-4-6", "max_tokens": 100, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]})
+    spans = proxy.finished(2)
+    (client,) = by_kind(spans, SpanKind.CLIENT)
+    assert attributes(client)["error.type"] == "cancelled"
+    assert client.status.status_code == StatusCode.ERROR
+    assert "gen_ai.usage.input_tokens" not in attributes(client)
 
 
 def test_a_web_search_is_a_span_of_its_own(
