@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from claude_proxy.config.file import load_config_file
 from claude_proxy.config.settings import Settings
 from claude_proxy.server.app import create_app
-from claude_proxy.telemetry import Exporters
+from claude_proxy.telemetry import Exporters, configured
 from tests.conftest import (
     UPSTREAM_KEY,
     ProxyServer,
@@ -192,11 +192,12 @@ def test_a_request_is_a_server_span_over_a_chat_client_span(
 def test_nothing_of_the_prompt_or_the_answer_is_recorded_by_default(
         traced: Callable[..., Traced], upstream: ScriptedUpstream) -> None:
     proxy = traced()
-    upstream.queue(completion({"content": "the answer is 42"}, usage=USAGE))
+    upstream.queue(completion({"content": "the answer is forty-two-zulu"}, usage=USAGE))
     assert post(proxy.proxy).status_code == 200
     recorded = json.dumps([{**attributes(span), "events": [
         dict(event.attributes or {}) for event in span.events]} for span in proxy.finished(2)])
-    assert "7-alpha-tango" not in recorded and "42" not in recorded
+    assert "7-alpha-tango" not in recorded
+    assert "forty-two-zulu" not in recorded
     assert "gen_ai.input.messages" not in recorded
 
 
@@ -454,6 +455,19 @@ def test_the_sdk_is_not_imported_when_nothing_configures_it(tmp_path: Path) -> N
                             text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[]", "None"]
+
+
+@pytest.mark.parametrize(("environ", "on"), [
+    ({}, False),
+    ({"OTEL_SERVICE_NAME": "proxy"}, False),  # says nothing of where to send
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"},
+     False),
+])
+def test_which_environments_turn_it_on(environ: dict[str, str], on: bool) -> None:
+    assert configured(environ) is on
 
 
 class Receiver:

@@ -61,6 +61,8 @@ def build(environ: Mapping[str, str], upstreams: dict[str, Upstream], secrets: l
         return None
     traced = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() != "none"
     metered = environ.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower() != "none"
+    if not traced and not metered:
+        return None
     tracer_provider = _otlp_tracing(resource) if traced else None
     meters = _otlp_metrics(resource) if metered else None
     _quiet_exporters()
