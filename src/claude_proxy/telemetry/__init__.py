@@ -1,11 +1,13 @@
 """OpenTelemetry traces and GenAI metrics, off unless the standard `OTEL_` variables ask for
 them (docs/opentelemetry.md).
 
-Off, nothing of OpenTelemetry's SDK is imported and a request pays one `is None` test where
-its record is opened and one where each upstream request is sent. On, `telemetry/otel.py`
-turns each request's record (`record.py`) into spans as its moments are marked: a SERVER span
-per HTTP request, a CLIENT span per upstream attempt, a span per web search, and the GenAI
-metrics; exporting is batched in the SDK's own threads, off the request path.
+Off, nothing of OpenTelemetry's SDK is imported; a request pays an `is None` test where its
+record opens and closes and at each `mark`, and a context-variable read per upstream request.
+
+On, `telemetry/otel.py` turns each request's record (`record.py`) into spans as its moments
+are marked (`telemetry/spans.py`): a SERVER span per HTTP request, a CLIENT span per upstream
+request, a span per web search, and the GenAI metrics (`telemetry/genai_metrics.py`);
+exporting is batched in the SDK's own threads, off the request path.
 """
 
 from __future__ import annotations
