@@ -22,14 +22,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from claude_proxy.record import RequestRecord, bind, mark, record_usage, unbind
-from claude_proxy.telemetry import Exporters, Telemetry, Upstream, open_telemetry
+from claude_proxy.telemetry import Exporters, ProxyFacts, Telemetry, Upstream, open_telemetry
 
 SCOPE: dict[str, Any] = {
     "type": "http", "method": "POST", "path": "/v1/messages", "scheme": "http",
     "headers": [(b"host", b"127.0.0.1:8082"), (b"content-type", b"application/json"),
                 (b"x-claude-code-session-id", b"0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")]}
 USAGE = {"input_tokens": 20, "output_tokens": 30, "cache_read_input_tokens": 100}
-UPSTREAMS = {"openai": Upstream("openai", "api.openai.com", 443)}
+FACTS = ProxyFacts({"openai": Upstream("openai", "api.openai.com", 443)}, [],
+                   lambda record: record.message or {})
 
 
 def one_request(telemetry: Telemetry | None) -> None:
@@ -88,7 +89,7 @@ def in_memory() -> Telemetry | None:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    return open_telemetry({}, UPSTREAMS, [], Exporters(Dropped(), InMemoryMetricReader()))
+    return open_telemetry({}, FACTS, Exporters(Dropped(), InMemoryMetricReader()))
 
 
 def main(argv: list[str]) -> None:
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> None:
                            "OTEL_BSP_MAX_QUEUE_SIZE": str(count * 3)})
         off = cpu_per_request(lambda: None, count)
         request_path = cpu_per_request(in_memory, count)
-        whole = cpu_per_request(lambda: open_telemetry(os.environ, UPSTREAMS, []), count)
+        whole = cpu_per_request(lambda: open_telemetry(os.environ, FACTS), count)
     finally:
         receiver.terminate()
     print(f"CPU per request, n={count}: off {off:.1f} µs; on, in the request "

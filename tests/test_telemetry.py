@@ -201,14 +201,16 @@ def test_nothing_of_the_prompt_or_the_answer_is_recorded_by_default(
     assert "gen_ai.input.messages" not in recorded
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_the_conversation_is_recorded_redacted_when_opted_in(
-        traced: Callable[..., Traced], upstream: ScriptedUpstream,
+        stream: bool, traced: Callable[..., Traced], upstream: ScriptedUpstream,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     proxy = traced()
-    upstream.queue(completion({"content": "the answer is 42"}, usage=USAGE))
+    upstream.queue(text_stream(["the answer", " is 42"], usage=USAGE) if stream
+                   else completion({"content": "the answer is 42"}, usage=USAGE))
     leaked = f"my key is {UPSTREAM_KEY}"
-    assert post(proxy.proxy, system=leaked).status_code == 200
+    assert post(proxy.proxy, stream=stream, system=leaked).status_code == 200
     (client,) = by_kind(proxy.finished(2), SpanKind.CLIENT)
     found = attributes(client)
     assert json.loads(found["gen_ai.input.messages"]) == [

@@ -45,7 +45,14 @@ from claude_proxy.server.relay import ClientDisconnected
 from claude_proxy.service import MessagesService
 from claude_proxy.state import open_store
 from claude_proxy.state.store import StateStore
-from claude_proxy.telemetry import Exporters, Telemetry, open_telemetry, upstream_of
+from claude_proxy.telemetry import (
+    Exporters,
+    ProxyFacts,
+    Telemetry,
+    open_telemetry,
+    upstream_of,
+)
+from claude_proxy.ui.inspect import message_of
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import Dashboard, dashboard_router
 from claude_proxy.websearch.backends import SearchBackend
@@ -64,9 +71,10 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     `telemetry_exporters`: OpenTelemetry's spans and metrics there (tests), else where the
     OTEL_ variables say, if they say."""
     config = config or single_provider_config(settings)
-    telemetry = open_telemetry(os.environ, {
+    telemetry = open_telemetry(os.environ, ProxyFacts({
         name: upstream_of(provider.provider_name, provider.openai_base_url)
-        for name, provider in config.providers.items()}, config.secrets(), telemetry_exporters)
+        for name, provider in config.providers.items()}, config.secrets(), message_of),
+        telemetry_exporters)
     metrics = Metrics()
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     store = open_store(redis_url, settings.redis_prefix, settings.redis_timeout)

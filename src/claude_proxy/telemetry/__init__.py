@@ -13,9 +13,9 @@ exporting is batched in the SDK's own threads, off the request path.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Scope
 
@@ -64,6 +64,19 @@ def upstream_of(profile: str, base_url: str) -> Upstream:
     return Upstream(GENAI_PROVIDER_NAMES.get(profile, profile), url.hostname or "", port)
 
 
+@dataclass(frozen=True)
+class ProxyFacts:
+    """What the proxy tells its telemetry at start."""
+
+    upstreams: dict[str, Upstream]
+    """The configured providers by name."""
+    secrets: list[str]
+    """Redacted from a recorded conversation, as from the dashboard's bodies."""
+    answer_of: Callable[[RequestRecord], dict[str, Any]]
+    """A finished request's answer, a stream's events added up (the dashboard's reader;
+    only a recorded conversation needs it)."""
+
+
 class Telemetry(Protocol):
     """Opens a request's trace when its record opens, and ends it when the record is done."""
 
@@ -92,8 +105,8 @@ def configured(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name, "").strip().lower() == "otlp" for name in EXPORTER_VARIABLES)
 
 
-def open_telemetry(environ: Mapping[str, str], upstreams: dict[str, Upstream],
-                   secrets: list[str], exporters: Exporters | None = None) -> Telemetry | None:
+def open_telemetry(environ: Mapping[str, str], facts: ProxyFacts,
+                   exporters: Exporters | None = None) -> Telemetry | None:
     """The proxy's telemetry when the environment (or a test's `exporters`) asks for it, else
     None; the SDK is imported only then. A configuration the SDK cannot serve (no such
     protocol, the SDK not installed) is one WARNING, and None."""
@@ -105,4 +118,4 @@ def open_telemetry(environ: Mapping[str, str], upstreams: dict[str, Upstream],
         logger.warning("OpenTelemetry is configured but its SDK is not installed (%s): "
                        "pip install 'claude-proxy[otel]'; telemetry is off", exc.name)
         return None
-    return build(environ, upstreams, secrets, exporters)
+    return build(environ, facts, exporters)

@@ -14,7 +14,8 @@ from claude_proxy.logs import redact
 from claude_proxy.record import RequestRecord
 
 
-def conversation(record: RequestRecord, secrets: list[str]) -> dict[str, AttributeValue]:
+def conversation(record: RequestRecord, answer: dict[str, Any],
+                 secrets: list[str]) -> dict[str, AttributeValue]:
     """The conversation as the GenAI conventions' JSON attributes, secrets redacted as the
     dashboard redacts its bodies (logs.redact)."""
     body = record.client_body or {}
@@ -27,8 +28,7 @@ def conversation(record: RequestRecord, secrets: list[str]) -> dict[str, Attribu
         found["gen_ai.input.messages"] = as_json(
             [{"role": message.get("role"), "parts": parts_of(message.get("content"))}
              for message in messages if isinstance(message, dict)], secrets)
-    answer = record.message
-    if answer is not None:
+    if answer:
         found["gen_ai.output.messages"] = as_json(
             [{"role": "assistant", "parts": parts_of(answer.get("content")),
               "finish_reason": answer.get("stop_reason")}], secrets)

@@ -22,7 +22,7 @@ from starlette.types import Scope
 
 from claude_proxy import __version__
 from claude_proxy.record import RequestRecord
-from claude_proxy.telemetry import Exporters, Upstream
+from claude_proxy.telemetry import Exporters, ProxyFacts
 from claude_proxy.telemetry.genai_metrics import GenAIMetrics
 from claude_proxy.telemetry.spans import RequestSpans, Tracing
 
@@ -43,7 +43,7 @@ QUIET_SECONDS = 600.0
 long after the start-up check said the collector is unreachable)."""
 
 
-def build(environ: Mapping[str, str], upstreams: dict[str, Upstream], secrets: list[str],
+def build(environ: Mapping[str, str], facts: ProxyFacts,
           exporters: Exporters | None) -> ProxyTelemetry | None:
     """The telemetry the environment describes (or `exporters`, in tests): None, after one
     WARNING, when it asks for what cannot be exported."""
@@ -53,7 +53,7 @@ def build(environ: Mapping[str, str], upstreams: dict[str, Upstream], secrets: l
         in_memory.add_span_processor(SimpleSpanProcessor(exporters.spans))
         return ProxyTelemetry(in_memory, MeterProvider(resource=resource,
                                                        metric_readers=[exporters.metrics]),
-                              upstreams, secrets, environ)
+                              facts, environ)
     protocol = _protocol(environ)
     if protocol != PROTOCOL:
         logger.warning("OpenTelemetry is off: OTLP protocol %r is not supported (claude-proxy "
@@ -67,21 +67,20 @@ def build(environ: Mapping[str, str], upstreams: dict[str, Upstream], secrets: l
     meters = _otlp_metrics(resource) if metered else None
     _quiet_exporters()
     _check_collector(_endpoint(environ, "TRACES" if traced else "METRICS"))
-    return ProxyTelemetry(tracer_provider, meters, upstreams, secrets, environ)
+    return ProxyTelemetry(tracer_provider, meters, facts, environ)
 
 
 class ProxyTelemetry:
     """Traces and GenAI metrics for every API request (`telemetry.Telemetry`)."""
 
     def __init__(self, tracer_provider: TracerProvider | None, meters: MeterProvider | None,
-                 upstreams: dict[str, Upstream], secrets: list[str],
-                 environ: Mapping[str, str]) -> None:
+                 facts: ProxyFacts, environ: Mapping[str, str]) -> None:
         self._tracer_provider, self._meters = tracer_provider, meters
         latest = LATEST in _opt_ins(environ)
         self.tracing = Tracing(
             tracer_provider.get_tracer("claude_proxy", __version__)
             if tracer_provider is not None else NoOpTracer(),
-            GenAIMetrics(meters, latest) if meters is not None else None, upstreams, secrets,
+            GenAIMetrics(meters, latest) if meters is not None else None, facts,
             environ.get(CONTENT_VARIABLE, "").strip().lower() == "true",
             "gen_ai.usage.cache_write.input_tokens" if latest
             else "gen_ai.usage.cache_creation.input_tokens")

@@ -21,7 +21,7 @@ from opentelemetry.util.types import AttributeValue
 from starlette.types import Scope
 
 from claude_proxy.record import RequestRecord, current_record, stop_reason_of
-from claude_proxy.telemetry import Upstream
+from claude_proxy.telemetry import ProxyFacts
 from claude_proxy.telemetry.content import conversation
 from claude_proxy.telemetry.genai_metrics import GenAIMetrics, input_tokens
 
@@ -34,8 +34,7 @@ class Tracing:
 
     tracer: Tracer
     metrics: GenAIMetrics | None
-    upstreams: dict[str, Upstream]
-    secrets: list[str]
+    facts: ProxyFacts
     content: bool
     """Record the conversation (opted in)."""
     cache_write: str
@@ -133,7 +132,7 @@ class RequestSpans:
         self._end_answered(at)
         record = current_record()
         self._attempts += 1
-        upstream = self._telemetry.upstreams.get(record.provider)
+        upstream = self._telemetry.facts.upstreams.get(record.provider)
         attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": upstream.provider if upstream else record.provider,
@@ -244,7 +243,8 @@ class RequestSpans:
         if record.cost is not None:
             span.set_attribute("claude_proxy.cost_usd", record.cost)
         if self._telemetry.content:
-            span.set_attributes(conversation(record, self._telemetry.secrets))
+            facts = self._telemetry.facts
+            span.set_attributes(conversation(record, facts.answer_of(record), facts.secrets))
 
     def _ns(self, at: float) -> int:
         return int(at * 1e9) + self._epoch
