@@ -115,16 +115,19 @@ class RequestSpans:
 
     def tool_call(self, tool: str, source: str, outcome: str, seconds: float) -> None:
         end = time.perf_counter()
-        span = self._telemetry.tracer.start_span(
-            f"execute_tool {tool}", context=set_span_in_context(self._server),
-            kind=SpanKind.INTERNAL, start_time=self._ns(end - seconds), attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                "gen_ai.tool.type": "extension", "claude_proxy.search.source": source,
-                "claude_proxy.search.outcome": outcome})
-        if outcome not in ("ok", "empty"):
-            span.set_attribute("error.type", outcome)
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(self._ns(end))
+        try:
+            span = self._telemetry.tracer.start_span(
+                f"execute_tool {tool}", context=set_span_in_context(self._server),
+                kind=SpanKind.INTERNAL, start_time=self._ns(end - seconds), attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                    "gen_ai.tool.type": "extension", "claude_proxy.search.source": source,
+                    "claude_proxy.search.outcome": outcome})
+            if outcome not in ("ok", "empty"):
+                span.set_attribute("error.type", outcome)
+                span.set_status(Status(StatusCode.ERROR))
+            span.end(self._ns(end))
+        except Exception:  # telemetry never fails a request
+            logger.debug("could not trace the %s call", tool, exc_info=True)
 
     # ------------------------------------------------------------ attempts
 
