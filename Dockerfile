@@ -8,7 +8,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install . \
+    && /opt/venv/bin/pip install '.[otel]' \
     && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 # Final stage: the base image, one unprivileged user and the virtualenv.

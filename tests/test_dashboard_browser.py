@@ -216,6 +216,8 @@ def test_inspector_of_the_reasoning_request(traffic: Traffic, browser: Any) -> N
     page.wait_for_selector("#inspector pre.thinking")
     assert page.url.endswith(f"/ui/requests/{rid}")
     assert page.inner_text("#inspector pre.thinking") == "".join(REASONING)
+    # OpenTelemetry is off here: the inspector says so where a trace id would be.
+    assert "trace id\n– (OpenTelemetry off)" in page.inner_text("#inspector dl.facts")
     highlighted = page.locator('#inspector table.fields tr.added[data-field="thinking"]')
     assert highlighted.count() == 1
     assert "reasoning field added by the proxy" in highlighted.inner_text()

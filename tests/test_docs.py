@@ -37,9 +37,10 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
+                  "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "Claude Code",
                   "OLLAMA_CONTEXT_LENGTH": "Ollama"}
 USER_CHOSEN = {"KIMI_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_CHAT",
-               "ALICE_PROXY_KEY"}
+               "ALICE_PROXY_KEY", "LANGFUSE_AUTH"}
 """Names the reader chooses (a secret read with `env:NAME`, a tool-group NAME)."""
 PREFIX_FAMILIES = ("TOOL_GROUPS_DISABLED_", "TOOL_GROUP_")
 
@@ -57,9 +58,21 @@ def launcher_variables() -> set[str]:
             "CLAUDE_CODE_MAX_CONTEXT_TOKENS", CLAUDE_BIN_VARIABLE}
 
 
+def opentelemetry_variables() -> set[str]:
+    """The OTEL_ variables the SDK reads (its own list of them) and those telemetry/ reads."""
+    from opentelemetry import environment_variables as api
+    from opentelemetry.sdk import environment_variables as sdk_variables
+
+    sdk = {name for module in (api, sdk_variables) for name in dir(module)
+           if name.startswith("OTEL_")}
+    ours = {name for path in (ROOT / "src" / "claude_proxy" / "telemetry").glob("*.py")
+            for name in re.findall(r"OTEL_[A-Z0-9_]+", path.read_text(encoding="utf-8"))}
+    return sdk | ours
+
+
 def known_variables() -> set[str]:
     return (settings_variables() | launcher_variables() | set(PROXY_READS)
-            | set(OTHER_PROGRAMS) | USER_CHOSEN)
+            | set(OTHER_PROGRAMS) | USER_CHOSEN | opentelemetry_variables())
 
 
 def slug(heading: str) -> str:

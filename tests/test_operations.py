@@ -301,3 +301,7 @@ def test_fastapi_native_telemetry_is_off_unless_the_environment_configures_opent
     assert telemetry_option({"PATH": "/usr/bin"}) == {
         "telemetry": {"tracing": False, "metrics": False, "logs": False}}
     assert telemetry_option({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}) == {}
+    # The proxy's own telemetry (telemetry/) makes the SERVER span: FastAPI's is then off.
+    assert telemetry_option({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"},
+                            own=True) == {
+        "telemetry": {"tracing": False, "metrics": False, "logs": False}}

@@ -12,11 +12,14 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.types import Scope
+
+from claude_proxy.sse import decode_frames
 
 SESSION_HEADER = b"x-claude-code-session-id"
 AGENT_HEADER = b"x-claude-code-agent-id"
@@ -32,6 +35,25 @@ _SHOWN_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
 log line or carry markup."""
 # The order of the access line; `cached` (= cache_read) is kept for existing dashboards.
 TOKEN_KINDS = ("cache_read", "cache_write", "input", "output", "reasoning", "cached")
+
+
+class RequestTrace(Protocol):
+    """The request's OpenTelemetry trace (`telemetry/`): told each moment `mark` records, so
+    the layers below need no call of their own. None on the record unless OpenTelemetry is
+    configured."""
+
+    trace_id: str
+
+    def marked(self, event: str, detail: str, at: float) -> None: ...
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """The current upstream attempt's `traceparent` into its request's headers."""
+
+    def responded(self, model: Any, response_id: Any) -> None:
+        """What the upstream's answer says of itself: its model and its id."""
+
+    def tool_call(self, tool: str, source: str, outcome: str, seconds: float) -> None:
+        """A tool the proxy ran itself (web search), just finished after `seconds`."""
 
 
 @dataclass
@@ -89,6 +111,8 @@ class RequestRecord:
     """The whole answer of a non-streaming request."""
     error_body: bytes | None = None
     """The start of an error response's body (status >= 400)."""
+    trace: RequestTrace | None = None
+    """Its OpenTelemetry trace, None unless OpenTelemetry is configured (`telemetry/`)."""
 
     def line(self, finished: float) -> str:
         ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
@@ -111,8 +135,20 @@ _current: ContextVar[RequestRecord | None] = ContextVar("claude_proxy_request", 
 
 
 def mark(event: str, detail: str = "") -> None:
-    """A moment in the current request's life (the dashboard's timeline)."""
-    current_record().timeline.append((time.perf_counter(), event, detail))
+    """A moment in the current request's life (the dashboard's timeline, and its trace's
+    spans when OpenTelemetry is on)."""
+    record = current_record()
+    at = time.perf_counter()
+    record.timeline.append((at, event, detail))
+    if record.trace is not None:
+        record.trace.marked(event, detail, at)
+
+
+def current_trace() -> RequestTrace | None:
+    """The trace of the request being handled; None outside a request or with telemetry off
+    (one context-variable read: what the upstream client pays per request when it is off)."""
+    record = _current.get()
+    return record.trace if record is not None else None
 
 
 class RecordObserver(Protocol):
@@ -178,6 +214,17 @@ class Charger(Protocol):
     async def settle(self, record: RequestRecord) -> None: ...
 
     def charge(self, record: RequestRecord) -> bool: ...
+
+
+def stop_reason_of(record: RequestRecord) -> str | None:
+    """The answer's stop reason: the whole message's, or a stream's `message_delta`."""
+    if record.message is not None:
+        return str(record.message.get("stop_reason"))
+    # Only the message_delta lines are parsed: this runs for every finished stream.
+    for event in reversed(list(decode_frames(record.events[-2:], b'"message_delta"'))):
+        if event.get("type") == "message_delta":
+            return str(event.get("delta", {}).get("stop_reason"))
+    return None
 
 
 def record_usage(usage: dict[str, Any], reasoning: int) -> None:

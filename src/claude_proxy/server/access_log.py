@@ -24,6 +24,7 @@ from claude_proxy.record import (
     new_request_id,
     unbind,
 )
+from claude_proxy.telemetry import Telemetry
 
 logger = logging.getLogger("claude_proxy.access")
 
@@ -35,11 +36,14 @@ class AccessLogMiddleware:
 
     def __init__(self, app: ASGIApp, metrics: Metrics,
                  observer: RecordObserver | None = None,
-                 charger: Charger | None = None) -> None:
+                 charger: Charger | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.observer = observer
         self.charger = charger
+        self.telemetry = telemetry
+        """OpenTelemetry's spans (`telemetry/`); None, and free, unless configured."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,6 +53,8 @@ class AccessLogMiddleware:
         record.session, record.agent = client_ids(scope)
         record.request_class, record.prompt_id = client_hints(scope)
         token = bind(record)
+        if self.telemetry is not None:
+            self.telemetry.started(record, scope)
         if self.observer is not None:
             self.observer.started(record)
 
@@ -85,6 +91,8 @@ class AccessLogMiddleware:
                 self.charger.charge(record)
             except Exception:  # accounting must never fail a request's clean-up
                 logger.exception("charging request %s failed", record.request_id)
+        if self.telemetry is not None:
+            self.telemetry.finished(record, finished)
         if record.path in QUIET_PATHS:
             logger.debug(record.line(finished))
             return

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from claude_proxy.logs import REDACTED, redact
-from claude_proxy.record import RequestRecord
+from claude_proxy.record import RequestRecord, stop_reason_of
 from claude_proxy.routing.providers import Provider
 from claude_proxy.sse import decode_frames
 from claude_proxy.state.store import StateStore
@@ -122,16 +122,6 @@ def scope() -> dict[str, Any]:
     return {"pid": os.getpid(), "workers": workers}
 
 
-def stop_reason_of(record: RequestRecord) -> str | None:
-    if record.message is not None:
-        return str(record.message.get("stop_reason"))
-    # Only the message_delta lines are parsed: this runs for every finished stream.
-    for event in reversed(list(decode_frames(record.events[-2:], b'"message_delta"'))):
-        if event.get("type") == "message_delta":
-            return str(event.get("delta", {}).get("stop_reason"))
-    return None
-
-
 def ms(start: float, end: float | None) -> float | None:
     return None if end is None else round((end - start) * 1e3, 1)
 
@@ -182,6 +172,7 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "total": ms(record.started, finished),
         "tokens": {kind: record.tokens.get(kind, 0) for kind in TOKEN_KINDS},
         "stop": stop_reason_of(record),
+        "trace": record.trace.trace_id if record.trace is not None else None,
         "error": error.get("type") if error else None,
         "retries": sum(1 for _, event, _ in record.timeline if event == "retry"),
         "timeline": timeline_of(record, finished),

@@ -37,7 +37,7 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
-from claude_proxy.record import mark
+from claude_proxy.record import current_trace, mark
 from claude_proxy.upstream import chat_completions, responses
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstream.overflow import from_payload, from_upstream
@@ -90,6 +90,10 @@ class UpstreamStream:
                 raise from_payload(error)
             if not self._wire.is_preamble(chunk):
                 break
+
+    def first_chunk(self) -> Chunk | None:
+        """The first chunk read ahead (before iterating), None if there is none."""
+        return self._first[0] if self._first else None
 
     def __aiter__(self) -> UpstreamStream:
         return self
@@ -240,7 +244,9 @@ class OpenAIClient:
                 raise _transport_error(exc) from exc
             finally:
                 await response.aclose()
-            return _parse_json_body(content)
+            answer = _parse_json_body(content)
+            _describe_to_trace(answer)
+            return answer
 
         return await self._with_retries(attempt)
 
@@ -255,6 +261,7 @@ class OpenAIClient:
                 # Failed, or the client went away (cancelled): never leave it open.
                 await stream.aclose()
                 raise
+            _describe_to_trace(stream.first_chunk())
             return stream
 
         return await self._with_retries(attempt)
@@ -311,6 +318,9 @@ class OpenAIClient:
         # was kept for as long as its answer is open).
         headers = self._prepared_headers(target, headers_for, accept).copy()
         headers["content-length"] = str(len(content))
+        trace = current_trace()
+        if trace is not None:  # OpenTelemetry on: the attempt's traceparent
+            trace.inject(headers)
         request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
         del content
@@ -392,6 +402,18 @@ def _transport_error(exc: httpx.HTTPError) -> ProxyError:
                           error_type="timeout_error")
     return ProxyError(502, f"upstream connection failed ({type(exc).__name__})",
                       error_type="overloaded_error")
+
+
+def _describe_to_trace(answer: Chunk | None) -> None:
+    """The upstream's own model and response id, for the attempt's span when OpenTelemetry is
+    on: a Chat Completions body or chunk names them at its top, a Responses event in its
+    `response`."""
+    trace = current_trace()
+    if trace is None or not answer:
+        return
+    inner = answer.get("response")
+    described = inner if isinstance(inner, dict) else answer
+    trace.responded(described.get("model"), described.get("id"))
 
 
 def _parse_json_body(content: bytes) -> Chunk:

@@ -27,7 +27,7 @@ from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
-from claude_proxy.record import current_record, mark, record_usage
+from claude_proxy.record import current_record, current_trace, mark, record_usage
 from claude_proxy.routing.tokens import estimate_request_tokens
 from claude_proxy.sse import encode_event, encode_events
 from claude_proxy.websearch.backends import (
@@ -421,6 +421,9 @@ class SearchFlow:
         self.metrics.web_searches.labels(search.source, outcome).inc()
         mark("web search", f"{search.source}: {outcome}, {len(search.hits)} hits, query "
                            f"{len(search.query)} chars")
+        trace = current_trace()
+        if trace is not None:  # a span of its own (the query is not recorded)
+            trace.tool_call("web_search", search.source, outcome, seconds)
         logger.info("web_search request_id=%s source=%s query_chars=%d hits=%d outcome=%s "
                     "ms=%.1f", current_record().request_id, search.source, len(search.query),
                     len(search.hits), outcome, seconds * 1e3)

@@ -468,6 +468,7 @@ function renderInspector(id, view) {
       fact("client model", row.client_model), fact("provider · model", `${row.provider} · ${row.model}`),
       fact("route", row.route + (row.failover.length ? ` (failover ${[...row.failover, row.provider].join(" → ")})` : "")),
       fact("session · agent", sessionTitle(row)),
+      fact("trace id", row.trace || "– (OpenTelemetry off)", "mono"),
       fact("status", row.status, statusClass(row.status)),
       fact("kind", row.stream ? "stream" : "json"), fact("first byte", millis(row.ttfb)), fact("total", millis(row.total)),
       fact("stop reason", row.stop || "–"),
