@@ -189,6 +189,19 @@ def test_a_request_is_a_server_span_over_a_chat_client_span(
     assert server_attributes["claude_proxy.client_model"] == "claude-sonnet-4-6"
 
 
+def test_claude_codes_request_class_and_prompt_id_are_on_the_attempt(
+        traced: Callable[..., Traced], upstream: ScriptedUpstream) -> None:
+    """The gateway hint headers Claude Code sends with CLAUDE_CODE_GATEWAY_HINT_HEADERS=1."""
+    proxy = traced()
+    upstream.queue(completion({"content": "ok"}, usage=USAGE))
+    post(proxy.proxy, headers={"x-claude-code-request-class": "subagent",
+                               "x-claude-code-prompt-id": "prompt-7f3a"})
+    (client,) = by_kind(proxy.finished(2), SpanKind.CLIENT)
+    found = attributes(client)
+    assert (found["claude_proxy.request_class"], found["claude_proxy.prompt_id"]) == (
+        "subagent", "prompt-7f3a")
+
+
 def test_nothing_of_the_prompt_or_the_answer_is_recorded_by_default(
         traced: Callable[..., Traced], upstream: ScriptedUpstream) -> None:
     proxy = traced()

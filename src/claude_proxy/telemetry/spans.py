@@ -283,14 +283,15 @@ def _conversation(record: RequestRecord) -> dict[str, AttributeValue]:
 
 
 def _own_facts(record: RequestRecord) -> dict[str, AttributeValue]:
-    """The proxy's own facts: the route, the key's name (never the key), the subagent, the
-    request class when the record has one."""
+    """The proxy's own facts: the route, the key's name (never the key), the subagent, and
+    Claude Code's request class and prompt id (its gateway hint headers)."""
     facts: dict[str, AttributeValue] = {"claude_proxy.route": record.route}
     if record.key != "-":
         facts["claude_proxy.key"] = record.key
     if record.agent != "-":
         facts["claude_proxy.agent_id"] = record.agent
-    request_class = getattr(record, "request_class", None)
-    if isinstance(request_class, str) and request_class not in ("", "-"):
-        facts["claude_proxy.request_class"] = request_class
+    if record.request_class != "-":
+        facts["claude_proxy.request_class"] = record.request_class
+    if record.prompt_id != "-":
+        facts["claude_proxy.prompt_id"] = record.prompt_id
     return facts
