@@ -34,6 +34,13 @@ logger = logging.getLogger("claude_proxy.conversion")
 
 Event = dict[str, Any]
 
+REFUSAL_DETAILS: dict[str, Any] = {
+    "type": "refusal", "category": None,
+    "explanation": "The upstream provider's content filter stopped the answer.",
+}
+"""`stop_details` of a refusal (Anthropic's `BetaRefusalStopDetails`): an upstream filter
+names no Anthropic policy category, so `category` is null."""
+
 
 class Sign(Protocol):
     """Signs a thinking block: its text and the opaque state it carries (see signatures.py)."""
@@ -190,6 +197,13 @@ class BlockMachine:
         self._streamed_chars = 0
         self._stops = StopMatcher(stop_sequences) if stop_sequences else None
         self._stop_sequence: str | None = None
+        self.closed = False
+        """The blocks are closed: the content is complete."""
+        self.delta_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
+        self.event_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta` beside `delta` and `usage`
+        (`context_management`): where the SDKs read them."""
         self.stopped = False
         """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 
@@ -223,6 +237,23 @@ class BlockMachine:
 
     def finish(self) -> list[Event]:
         """Close everything and end the message: message_delta, then message_stop."""
+        events = self.close()
+        delta: dict[str, Any] = {"stop_reason": self.stop_reason(),
+                                 "stop_sequence": self._stop_sequence}
+        if delta["stop_reason"] == "refusal":
+            delta["stop_details"] = dict(REFUSAL_DETAILS)
+        delta.update(self.delta_fields)
+        events.append({"type": "message_delta", "delta": delta, "usage": self.usage(),
+                       **self.event_fields})
+        events.append({"type": "message_stop"})
+        return events
+
+    def close(self) -> list[Event]:
+        """Close every block (once): the content is then complete (`tool_uses`), and what
+        is said about it (`delta_fields`) can still be settled before `finish`."""
+        if self.closed:
+            return []
+        self.closed = True
         events: list[Event] = []
         self._release_held(events)
         events.extend(self._close_all())
@@ -230,10 +261,20 @@ class BlockMachine:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
-        delta = {"stop_reason": self.stop_reason(), "stop_sequence": self._stop_sequence}
-        events.append({"type": "message_delta", "delta": delta, "usage": self.usage()})
-        events.append({"type": "message_stop"})
         return events
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        """The tool_use blocks sent so far (id, name, input), in order."""
+        uses = []
+        for call in self._calls.values():
+            if not call.anthropic_id:
+                continue
+            try:
+                arguments = orjson.loads(call.arguments() or "{}")
+            except orjson.JSONDecodeError:
+                arguments = call.arguments()
+            uses.append({"id": call.anthropic_id, "name": call.name, "input": arguments})
+        return uses
 
     def fail(self, error: ProxyError) -> list[Event]:
         """Close every open block, then one `error` event (the stream then ends)."""

@@ -57,9 +57,11 @@ class StreamConverter(BlockMachine):
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""
         return self.apply(self.parser.parse(chunk))
 
-    def finish(self) -> list[Event]:
+    def close(self) -> list[Event]:
+        if self.closed:
+            return []
         events = self.apply(self.parser.flush())
-        return events + super().finish()
+        return events + super().close()
 
     def fail(self, error: ProxyError) -> list[Event]:
         events = self.apply(self.parser.flush())
@@ -98,6 +100,8 @@ def collect_message(events: Iterable[Event]) -> dict[str, Any]:
         elif kind == "message_delta":
             message.update(event["delta"])
             message["usage"] = {**message["usage"], **event["usage"]}
+            message.update((key, value) for key, value in event.items()
+                           if key not in ("type", "delta", "usage"))
     return message
 
 
