@@ -61,6 +61,13 @@ class Case:
     profile: str = "openai"
 
 
+def check_safeguards(sent: Sent) -> None:
+    """Nothing goes upstream; the answer says nobody judged (tests/test_safeguards.py)."""
+    unchanged(sent)
+    assert sent.response.json()["safeguard_results"] == [
+        {"type": "dangerous_tool_use", "status": {"type": "unsupported"}}]
+
+
 def unchanged(sent: Sent) -> None:
     """Ignored: accepted, and the upstream request is exactly the baseline's."""
     assert sent.added() == {} and sent.upstream == sent.baseline
@@ -172,6 +179,7 @@ CASES: dict[str, Case] = {
         "type": "tokens", "total": 50000}}}, unchanged),
     "output_format": Case({"output_format": {"type": "json_schema", "schema": SCHEMA}},
                           check_structured),
+    "safeguards": Case({"safeguards": [{"type": "dangerous_tool_use"}]}, check_safeguards),
     "context_management": Case({"context_management": {"edits": [
         {"type": "clear_thinking_20251015", "keep": "all"}]}}, unchanged),
     "cache_control": Case({"cache_control": {"type": "ephemeral"}}, unchanged),

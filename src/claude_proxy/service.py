@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import ProviderSettings
+from claude_proxy.conversion import safeguards
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
@@ -149,10 +150,13 @@ class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
                  signer: ThinkingSigner, metrics: Metrics,
                  store: StateStore | None = None, keys: KeyRing | None = None,
-                 replay: BodyStep = unchanged) -> None:
+                 replay: BodyStep = unchanged, judge: safeguards.Judge | None = None) -> None:
         self.config = config
         self.replay = replay
         """Earlier turns' blocks of features above this layer, as the upstream can take them."""
+        self.judge = judge
+        """Judges a reply's tool calls for a request with `safeguards` (the `safeguards/`
+        layer, when a judge route is configured); None: `unsupported` is answered."""
         self.keys = keys
         """The `[keys]` (None without): what each key may be routed to."""
         self.store = store or LocalStore()
@@ -272,10 +276,18 @@ class MessagesService:
                 show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
-        return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
-                               sign=partial(self.signer.sign, origin=origin, hidden=omitted),
-                               parser=parser, omit_thinking=omitted,
-                               stop_sequences=body.get("stop_sequences") or ())
+        converter = StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
+                                    sign=partial(self.signer.sign, origin=origin,
+                                                 hidden=omitted),
+                                    parser=parser, omit_thinking=omitted,
+                                    stop_sequences=body.get("stop_sequences") or ())
+        if safeguards.requested(body):
+            if self.judge is None:
+                converter.delta_fields["safeguard_results"] = safeguards.results(
+                    safeguards.UNSUPPORTED)
+            else:
+                converter.judge = partial(self.judge, body)
+        return converter
 
     # ------------------------------------------------------------ routing and failover
 
@@ -523,7 +535,8 @@ class MessagesService:
             responses.response_events(answer) if attempt.upstream.api == "responses"
             else chat_completions.buffered_chunks(answer))
         converter = self.converter(body, attempt)
-        message = collect_message(convert_chunks(chunks, converter))
+        events = convert_chunks(chunks, converter, end=False)
+        message = collect_message(events + await converter.settle() + converter.finish())
         current_record().message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, current_record())
@@ -548,7 +561,7 @@ class MessagesService:
                                  error_type="api_error")
         finally:
             await stream.aclose()  # cancels the upstream after a stop sequence
-        message = collect_message(events + converter.finish())
+        message = collect_message(events + await converter.settle() + converter.finish())
         record.message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, record)

@@ -9,7 +9,7 @@ accumulator insists on. It knows nothing of the upstream's wire format: the pars
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from claude_proxy.conversion.deltas import (
     Usage,
 )
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
+from claude_proxy.conversion.safeguards import results
 from claude_proxy.conversion.stop_sequences import StopMatcher
 from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, reasoning_tokens
 from claude_proxy.errors import ProxyError, error_from_payload
@@ -204,6 +205,9 @@ class BlockMachine:
         self.event_fields: dict[str, Any] = {}
         """More fields of the final `message_delta` beside `delta` and `usage`
         (`context_management`): where the SDKs read them."""
+        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
+        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
+        its `safeguard_results` (conversion/safeguards.py)."""
         self.stopped = False
         """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 
@@ -261,6 +265,15 @@ class BlockMachine:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
+        return events
+
+    async def settle(self) -> list[Event]:
+        """`close`, then what only the complete content allows: the judge's verdicts on its
+        tool calls. `finish` then ends the message with them."""
+        events = self.close()
+        if self.judge is not None:
+            self.delta_fields["safeguard_results"] = results(await self.judge(self.tool_uses()))
+            self.judge = None
         return events
 
     def tool_uses(self) -> list[dict[str, Any]]:

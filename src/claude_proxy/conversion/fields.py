@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from claude_proxy.conversion import safeguards
 from claude_proxy.errors import ProxyError
 
 logger = logging.getLogger("claude_proxy.fields")
@@ -77,6 +78,10 @@ REQUEST_FIELDS: dict[str, Rule] = {
                                            "shape does not depend on it"),
     "output_format": Rule(T, "the older beta spelling of `output_config.format`, translated "
                              "the same way"),
+    "safeguards": Rule(T, "Claude Code's Auto-mode classifier: `safeguard_results` answer "
+                          "`unsupported`, or with a judge route (`[router] safeguards`, "
+                          "SAFEGUARDS_ROUTE) each tool call's verdict from that route, or "
+                          "`unavailable`; never a verdict nobody made"),
     "context_management": Rule(IGN, "Claude Code's `clear_thinking` edits: the proxy sends "
                                     "the history it is given"),
     "cache_control": Rule(IGN, "the top-level marker: automatic-caching upstreams cache the "
@@ -115,6 +120,7 @@ BETA_VALUES: dict[str, Rule] = {
                                                           "request anyway"),
     "thinking-token-count-2026-05-13": Rule(IGN, "reasoning tokens are counted in "
                                                  "`output_tokens`"),
+    "dangerous-tool-use-2026-09-03": Rule(T, "see `safeguards`"),
     "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools and `tool_reference` "
                                             "blocks are honoured"),
     "thinking-display-updates-2026-08-18": Rule(IGN, "thinking is shown as the upstream "
@@ -262,6 +268,7 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
     if refuse:
         refuse_unsupported(body)
         refuse_unknown_format(body)
+        safeguards.check(body)
 
 
 def markdown_tables() -> str:

@@ -69,15 +69,16 @@ class StreamConverter(BlockMachine):
 
 
 def convert_chunks(
-    chunks: Iterable[dict[str, Any]], converter: StreamConverter
+    chunks: Iterable[dict[str, Any]], converter: StreamConverter, *, end: bool = True
 ) -> list[Event]:
-    """All events of a complete response, from message_start to message_stop."""
+    """All events of a complete response, from message_start to message_stop (`end=False`:
+    to the last block's stop, so the caller can `settle` before `finish`)."""
     events = converter.start()
     for chunk in chunks:
         events.extend(converter.feed(chunk))
         if converter.stopped:
             break
-    events.extend(converter.finish())
+    events.extend(converter.finish() if end else converter.close())
     return events
 
 

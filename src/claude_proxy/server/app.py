@@ -26,10 +26,11 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from claude_proxy.config.file import ProxyConfig, single_provider_config
+from claude_proxy.config.file import ProxyConfig, judge_route, single_provider_config
 from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.judge import RouteJudge
 from claude_proxy.keys.budget import Clock, Gate
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.keys.spend import Ledger
@@ -121,6 +122,10 @@ async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
         ledger.keep_usage(data_dir(config))
     app.state.service = MessagesService(config, providers, signer, metrics, store, wired.keyring,
                                         replay=partial(replay_blocks, signer=signer))
+    route = judge_route(config)
+    if route:
+        app.state.service.judge = RouteJudge(app.state.service, route,
+                                             settings.safeguards_timeout)
     backend = SearchBackend(settings) if settings.web_search_backend else None
     app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
                                   signer, metrics)
