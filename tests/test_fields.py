@@ -68,6 +68,13 @@ def check_safeguards(sent: Sent) -> None:
         {"type": "dangerous_tool_use", "status": {"type": "unsupported"}}]
 
 
+def check_context_management(sent: Sent) -> None:
+    """Claude Code's no-op edit: nothing changes, and the answer says nothing was done
+    (tests/test_context_management.py)."""
+    unchanged(sent)
+    assert sent.response.json()["context_management"] == {"applied_edits": []}
+
+
 def unchanged(sent: Sent) -> None:
     """Ignored: accepted, and the upstream request is exactly the baseline's."""
     assert sent.added() == {} and sent.upstream == sent.baseline
@@ -181,7 +188,7 @@ CASES: dict[str, Case] = {
                           check_structured),
     "safeguards": Case({"safeguards": [{"type": "dangerous_tool_use"}]}, check_safeguards),
     "context_management": Case({"context_management": {"edits": [
-        {"type": "clear_thinking_20251015", "keep": "all"}]}}, unchanged),
+        {"type": "clear_thinking_20251015", "keep": "all"}]}}, check_context_management),
     "cache_control": Case({"cache_control": {"type": "ephemeral"}}, unchanged),
     "service_tier": Case({"service_tier": "standard_only"}, unchanged),
     "speed": Case({"speed": "fast"}, unchanged),

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
 from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import ProviderSettings
-from claude_proxy.conversion import safeguards
+from claude_proxy.conversion import context_edits, safeguards
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
@@ -87,6 +87,8 @@ class Attempt:
     upstream: UpstreamRequest
     fit: preflight.Fit
     """Its input estimate and window (the pre-flight's measure)."""
+    edits: list[dict[str, Any]] = field(default_factory=list)
+    """The context-management edits applied to what it was sent (`applied_edits`)."""
 
 
 def classify(error: ProxyError) -> Failure:
@@ -276,11 +278,15 @@ class MessagesService:
                 show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
-        converter = StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
+        cleared = sum(int(edit["cleared_input_tokens"]) for edit in attempt.edits)
+        converter = StreamConverter(body["model"],
+                                    input_tokens=max(1, attempt.fit.tokens - cleared),
                                     sign=partial(self.signer.sign, origin=origin,
                                                  hidden=omitted),
                                     parser=parser, omit_thinking=omitted,
                                     stop_sequences=body.get("stop_sequences") or ())
+        if body.get("context_management") is not None:
+            converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
         if safeguards.requested(body):
             if self.judge is None:
                 converter.delta_fields["safeguard_results"] = safeguards.results(
@@ -467,9 +473,12 @@ class MessagesService:
         the model and send once more without. `cache_key`: the session's prompt-cache key.
         max_tokens is clamped to the room the model's window leaves (pre-flight)."""
         body = preflight.clamped(body, fit)
+        edited = context_edits.apply(body, fit.tokens, needs_reasoning=context_edits.
+                                     needs_reasoning(self.settings_of(provider)))
+        body = edited.body
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
-            return (Attempt(provider, candidate, upstream, fit),
+            return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
         except ProxyError as error:
             known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
@@ -485,7 +494,7 @@ class MessagesService:
                 provider.refusals.remember(model, field)
             await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
-            return (Attempt(provider, candidate, upstream, fit),
+            return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
 
     @staticmethod

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from claude_proxy.conversion import safeguards
+from claude_proxy.conversion import context_edits, safeguards
 from claude_proxy.errors import ProxyError
 
 logger = logging.getLogger("claude_proxy.fields")
@@ -82,8 +82,11 @@ REQUEST_FIELDS: dict[str, Rule] = {
                           "`unsupported`, or with a judge route (`[router] safeguards`, "
                           "SAFEGUARDS_ROUTE) each tool call's verdict from that route, or "
                           "`unavailable`; never a verdict nobody made"),
-    "context_management": Rule(IGN, "Claude Code's `clear_thinking` edits: the proxy sends "
-                                    "the history it is given"),
+    "context_management": Rule(T, "`clear_tool_uses_20250919` (every knob) applied to the "
+                                  "history; `clear_thinking_20251015` where the upstream needs "
+                                  "no reasoning back; `applied_edits` answered (on "
+                                  "`message_delta` when streamed), `[]` when nothing was "
+                                  "done; other edits: 400"),
     "cache_control": Rule(IGN, "the top-level marker: automatic-caching upstreams cache the "
                                "prefix anyway (block markers follow PROMPT_CACHE)"),
     "service_tier": Rule(IGN, "capacity choice; the upstream has one tier"),
@@ -113,7 +116,7 @@ BETA_VALUES: dict[str, Rule] = {
     "claude-code-20250219": Rule(IGN, "marks Claude Code's requests"),
     "interleaved-thinking-2025-05-14": Rule(IGN, "thinking between tool calls follows "
                                                  "REASONING_WITH_TOOLS"),
-    "context-management-2025-06-27": Rule(IGN, "see `context_management`"),
+    "context-management-2025-06-27": Rule(T, "see `context_management`"),
     "effort-2025-11-24": Rule(T, "see `output_config.effort`"),
     "per-turn-control-2026-07-01": Rule(IGN, "the proxy sends each request as given"),
     "mid-conversation-tool-changes-2026-07-01": Rule(IGN, "tools are sent with every "
@@ -269,6 +272,7 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
         refuse_unsupported(body)
         refuse_unknown_format(body)
         safeguards.check(body)
+        context_edits.check(body)
 
 
 def markdown_tables() -> str:
