@@ -160,7 +160,8 @@ MEMBER_FIELDS: dict[str, Rule] = {
                                      "`{\"type\": \"ephemeral\"}` (plus a known `ttl` on "
                                      "OpenRouter's Anthropic models), never a scope"),
     "tools[].defer_loading": Rule(T, "the tool is left out until a `tool_reference` block "
-                                     "in the conversation loads it"),
+                                     "in the conversation loads it; the reference then "
+                                     "reads as the `<functions>` block ToolSearch promises"),
     "tools[].input_examples": Rule(IGN, "example inputs for a tool; a Chat Completions "
                                         "function has no such field, so its name, "
                                         "description and schema go up"),
