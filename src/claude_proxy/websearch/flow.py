@@ -25,6 +25,14 @@ from typing import Any, Protocol
 from claude_proxy.config.settings import ProviderSettings, SearchSettings
 from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.whole_blocks import (
+    Block,
+    block_events,
+    message,
+    message_end,
+    message_start,
+    text_block,
+)
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, mark, record_usage
@@ -39,16 +47,10 @@ from claude_proxy.websearch.backends import (
 )
 from claude_proxy.websearch.native import native_hits, native_kind, native_switch
 from claude_proxy.websearch.search_blocks import (
-    Block,
     Search,
-    block_events,
     digest,
-    message,
-    message_end,
-    message_start,
     numbered_results,
     search_blocks,
-    text_block,
     usage,
 )
 
