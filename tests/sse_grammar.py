@@ -11,7 +11,11 @@ DELTA_FOR_BLOCK = {
     "text": {"text_delta"},
     "thinking": {"thinking_delta", "signature_delta"},
     "tool_use": {"input_json_delta"},
+    "server_tool_use": {"input_json_delta"},
+    "web_search_tool_result": set(),
+    "tool_search_tool_result": set(),
 }
+"""The deltas each block type may have (result blocks come whole in their start)."""
 
 
 @dataclass
@@ -65,7 +69,7 @@ def check_grammar(events: list[Event]) -> None:
             assert open_block["type"] in DELTA_FOR_BLOCK
             if open_block["type"] == "text":
                 assert open_block["text"] == ""
-            if open_block["type"] == "tool_use":
+            if open_block["type"] in ("tool_use", "server_tool_use"):
                 assert open_block["input"] == {} and open_block["id"] and open_block["name"]
             next_index += 1
         elif event.name == "content_block_delta":
@@ -151,7 +155,7 @@ def accumulate(events: list[Event]) -> dict[str, Any]:
                 partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
         elif event.name == "content_block_stop":
             block = message["content"][data["index"]]
-            if block["type"] == "tool_use":
+            if block["type"] in ("tool_use", "server_tool_use"):
                 block["input"] = json.loads(partial.get(data["index"], "") or "{}")
         elif event.name == "message_delta":
             message.update(data["delta"])

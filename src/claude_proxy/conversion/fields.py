@@ -63,7 +63,8 @@ REQUEST_FIELDS: dict[str, Rule] = {
                         "for a model that refuses it), and → `prompt_cache_key` where the "
                         "provider takes one"),
     "tools": Rule(T, "custom tools → `tools` functions (schemas cleaned); server tools and "
-                     "unloaded `defer_loading` tools left out"),
+                     "unloaded `defer_loading` tools left out; `web_search_*` and "
+                     "`tool_search_tool_regex_*` / `_bm25_*` run by the proxy"),
     "tool_choice": Rule(T, "→ `tool_choice`; `disable_parallel_tool_use` → "
                            "`parallel_tool_calls: false`"),
     "thinking": Rule(T, "→ the provider's reasoning fields; reasoning comes back as "
@@ -124,8 +125,9 @@ BETA_VALUES: dict[str, Rule] = {
     "thinking-token-count-2026-05-13": Rule(IGN, "reasoning tokens are counted in "
                                                  "`output_tokens`"),
     "dangerous-tool-use-2026-09-03": Rule(T, "see `safeguards`"),
-    "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools and `tool_reference` "
-                                            "blocks are honoured"),
+    "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools, `tool_reference` "
+                                            "blocks and the tool search server tool are "
+                                            "honoured"),
     "thinking-display-updates-2026-08-18": Rule(IGN, "thinking is shown as the upstream "
                                                      "reasons"),
     "context-1m-2025-08-07": Rule(IGN, "the upstream model's own context window applies"),

@@ -46,6 +46,8 @@ from claude_proxy.server.relay import ClientDisconnected
 from claude_proxy.service import MessagesService
 from claude_proxy.state import open_store
 from claude_proxy.state.store import StateStore
+from claude_proxy.toolsearch.loop import ToolSearchFlow
+from claude_proxy.toolsearch.loop import flatten as flatten_tool_search
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import Dashboard, dashboard_router
 from claude_proxy.websearch.backends import SearchBackend
@@ -100,6 +102,12 @@ def _add_routes(app: FastAPI) -> None:
         app.include_router(dashboard_router())
 
 
+def replayed(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any]:
+    """Earlier turns' server-tool blocks (tool search, web search) as the upstream takes them:
+    tool search first, whose `server_tool_use` blocks are not searches of the web."""
+    return replay_blocks(flatten_tool_search(body), signer)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
                    ) -> AsyncIterator[None]:
@@ -121,7 +129,8 @@ async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
     if ledger is not None:
         ledger.keep_usage(data_dir(config))
     app.state.service = MessagesService(config, providers, signer, metrics, store, wired.keyring,
-                                        replay=partial(replay_blocks, signer=signer))
+                                        replay=partial(replayed, signer=signer))
+    app.state.tool_search = ToolSearchFlow(app.state.service)
     route = judge_route(config)
     if route:
         app.state.service.judge = RouteJudge(app.state.service, route,
