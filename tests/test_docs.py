@@ -36,7 +36,9 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
 """Variables read outside Settings, and a file that shows it (the metrics library reads
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
-                  "OLLAMA_CONTEXT_LENGTH": "Ollama"}
+                  "OLLAMA_CONTEXT_LENGTH": "Ollama",
+                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "Claude Code",
+                  "DISABLE_TELEMETRY": "Claude Code"}
 USER_CHOSEN = {"KIMI_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_CHAT",
                "ALICE_PROXY_KEY"}
 """Names the reader chooses (a secret read with `env:NAME`, a tool-group NAME)."""
