@@ -153,9 +153,17 @@ def test_clear_thinking_keeps_the_last_turns() -> None:
 
 
 def test_clear_thinking_is_left_to_upstreams_that_need_reasoning_back() -> None:
-    body = with_edits(thinking_session(), {"type": "clear_thinking_20251015"})
+    body = with_edits(thinking_session(), {"type": "clear_thinking_20251015",
+                                           "keep": {"type": "thinking_turns", "value": 1}})
     edited = apply(body, 0, needs_reasoning=True)
     assert edited.applied == [] and edited.body is body
+
+
+@pytest.mark.parametrize("keep", [None, "all", {"type": "all"}])
+def test_clear_thinking_keeps_all_by_default(keep: Any) -> None:
+    edit = {"type": "clear_thinking_20251015", **({"keep": keep} if keep else {})}
+    body = with_edits(thinking_session(), edit)
+    assert apply(body, 0, needs_reasoning=False).applied == []
 
 
 @pytest.mark.parametrize(("config", "message"), [
@@ -177,6 +185,11 @@ def test_clear_thinking_is_left_to_upstreams_that_need_reasoning_back() -> None:
     ({"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "turns"}}]},
      "context_management.edits.0.keep: Input should be an object with type "
      "'thinking_turns' or 'all'"),
+    ({"edits": [{"type": "clear_thinking_20251015",
+                 "keep": {"type": "thinking_turns", "value": 0}}]},
+     "context_management.edits.0.keep.value: Input should be greater than 0"),
+    ({"edits": [CLEAR, {"type": "clear_thinking_20251015", "keep": "all"}]},
+     "context_management.edits.1: clear_thinking_20251015 must be listed first in `edits`"),
 ])
 def test_malformed_context_management(config: Any, message: str) -> None:
     with pytest.raises(ProxyError) as raised:

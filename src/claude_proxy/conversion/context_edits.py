@@ -14,9 +14,10 @@ streamed from `message_delta` beside `delta` and `usage`. Claude Code sends a no
   placeholder stays as it is). If that would clear fewer than `clear_at_least` input tokens,
   nothing is cleared.
 - `clear_thinking_20251015`: thinking is removed from all but the last `keep` thinking turns
-  (default 1), only where the upstream needs no reasoning passed back (`needs_reasoning`
-  false); an upstream that does (DeepSeek, Kimi, GLM, MiniMax, llama.cpp replay it on tool
-  turns) keeps it, and nothing is reported cleared.
+  (`{"type": "thinking_turns", "value": N}`; without `keep`, all are kept, the default of
+  Anthropic's current models), only where the upstream needs no reasoning passed back
+  (`needs_reasoning` false); an upstream that does (DeepSeek, Kimi, GLM, MiniMax, llama.cpp
+  replay it on tool turns) keeps it, and nothing is reported cleared.
 
 Token counts are the proxy's estimate (characters / 4), as every other count it makes. Pure:
 no I/O; the body given is never changed (edited messages are copies).
@@ -40,7 +41,6 @@ CLEARED = "[Tool result cleared by context management]"
 """What a cleared tool result says instead (the tool call stays, so the turn is well formed)."""
 DEFAULT_TRIGGER: dict[str, Any] = {"type": "input_tokens", "value": 100_000}
 DEFAULT_KEEP_TOOL_USES = 3
-DEFAULT_KEEP_THINKING_TURNS = 1
 
 Edit = dict[str, Any]
 
@@ -62,6 +62,8 @@ def check(body: Mapping[str, Any]) -> None:
         where = f"context_management.edits.{position}"
         if not isinstance(edit, dict):
             _bad(where, "Input should be a valid dictionary")
+        if position and edit.get("type") == CLEAR_THINKING:
+            _bad(where, f"{CLEAR_THINKING} must be listed first in `edits`")
         kind = edit.get("type")
         if kind == CLEAR_TOOL_USES:
             _check_clear_tool_uses(where, edit)
@@ -101,6 +103,8 @@ def _check_keep_thinking(where: str, keep: Any) -> None:
     if keep is None or keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all"):
         return
     _check_counter(f"{where}.keep", keep, ("thinking_turns", "all"))
+    if keep["value"] < 1:
+        _bad(f"{where}.keep.value", "Input should be greater than 0")
 
 
 def _bad(where: str, message: str) -> None:
@@ -194,9 +198,7 @@ def clear_tool_uses(messages: list[Any], edit: Edit, input_tokens: int) -> Edit 
 def clear_thinking(messages: list[Any], keep: Any) -> Edit | None:
     """One `clear_thinking` edit: thinking blocks out of every assistant turn but the last
     `keep` that have any; its entry, or None when nothing was removed."""
-    if keep is None:
-        turns = DEFAULT_KEEP_THINKING_TURNS
-    elif keep == "all" or keep.get("type") == "all":
+    if keep is None or keep == "all" or keep.get("type") == "all":
         return None
     else:
         turns = int(keep["value"])
