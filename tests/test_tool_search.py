@@ -225,3 +225,25 @@ def test_matching_reads_names_descriptions_and_arguments() -> None:
         "mcp__db__query", "mcp__db__schema"]
     assert bm25_search("database tables", tools, 5)[0] == "mcp__db__schema"
     assert bm25_search("zebra", tools, 5) == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_its_own_calls_are_not_judged(stream: bool, proxy_factory: Any,
+                                      upstream: ScriptedUpstream) -> None:
+    """With a safeguards judge configured, the flow's search calls go to nobody's judgement,
+    and the reply says its calls were not judged (`unsupported`)."""
+    judged = proxy_factory(safeguards_route="openai,judge-model")
+    upstream.responder = model({"pattern": "mail"}, call("mcp__mail__send", {"to": "a@b.c"}))
+    body = {**ASK, "stream": stream,
+            "safeguards": [{"type": "dangerous_tool_use", "classifier_context": "rules"}]}
+    response = httpx.post(f"{judged.url}/v1/messages", json=body, timeout=30)
+    if stream:
+        events = parse_sse(response.content)
+        check_grammar(events)
+        message = accumulate(events)
+    else:
+        message = response.json()
+    assert message["safeguard_results"] == [
+        {"type": "dangerous_tool_use", "status": {"type": "unsupported"}}]
+    assert [b["model"] for b in upstream.requests] == ["middle-upstream"] * 2
+    assert not any("safeguards" in b for b in upstream.requests)

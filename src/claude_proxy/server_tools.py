@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
+from claude_proxy.conversion import safeguards
 from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.whole_blocks import (
     Block,
@@ -32,6 +34,19 @@ logger = logging.getLogger("claude_proxy.server_tools")
 T = TypeVar("T")
 Emit = Callable[[Block], None]
 PING_SECONDS = 5.0
+
+
+def without_safeguards(body: dict[str, Any]) -> dict[str, Any]:
+    """A flow's own model calls are not the client's reply: nobody judges them."""
+    return {key: value for key, value in body.items() if key != "safeguards"}
+
+
+def unjudged(body: dict[str, Any]) -> dict[str, Any]:
+    """What a flow's reply says to a request with `safeguards`: nobody judged its tool calls
+    (`unsupported`); nothing without."""
+    if not safeguards.requested(body):
+        return {}
+    return {"safeguard_results": safeguards.results(safeguards.UNSUPPORTED)}
 
 
 class Planned(Protocol):
@@ -70,6 +85,7 @@ class WholeBlockFlow(Generic[P, R]):
         reply = await self.run(plan, content.append)
         answer = message(new_message_id(), plan.body["model"], content, reply.stop_reason,
                          self.recorded(plan, reply))
+        answer.update(unjudged(plan.body))
         current_record().message = answer  # for the dashboard's inspector
         return answer
 
@@ -77,9 +93,13 @@ class WholeBlockFlow(Generic[P, R]):
         """SSE bytes: message_start at once, a ping while waiting, each block when whole."""
         return whole_block_stream(
             plan.body["model"], estimate_request_tokens(plan.body),
-            lambda emit: self.run(plan, emit),
-            lambda reply: message_end(reply.stop_reason, self.recorded(plan, reply)),
+            lambda emit: self.run(plan, emit), partial(self.end, plan),
             deadline=deadline, ping_seconds=self.ping_seconds, what=self.what)
+
+    def end(self, plan: P, reply: R) -> list[Event]:
+        events = message_end(reply.stop_reason, self.recorded(plan, reply))
+        events[0]["delta"].update(unjudged(plan.body))
+        return events
 
     def recorded(self, plan: P, reply: R) -> dict[str, Any]:
         """The reply's usage, also on the request's record (the access line, spend)."""

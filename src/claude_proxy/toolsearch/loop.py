@@ -32,7 +32,7 @@ from claude_proxy.conversion.whole_blocks import (
 from claude_proxy.errors import ProxyError
 from claude_proxy.record import current_record, mark
 from claude_proxy.routing.tokens import estimate_request_tokens
-from claude_proxy.server_tools import WholeBlockFlow
+from claude_proxy.server_tools import WholeBlockFlow, without_safeguards
 from claude_proxy.service import MessagesService
 from claude_proxy.toolsearch.matching import (
     BadInput,
@@ -170,7 +170,8 @@ class ToolSearchFlow(WholeBlockFlow[Plan, Reply]):
         converter leaves out, as it does deferred tools nothing has loaded), the flow's turns
         appended, not streamed."""
         body = plan.body
-        return {**body, "tools": [*(body.get("tools") or []), plan.function()],
+        return {**without_safeguards(body), "tools": [*(body.get("tools") or []),
+                                                      plan.function()],
                 "messages": [*body["messages"], *history], "stream": False}
 
     async def _answer(self, plan: Plan, reply: Reply, answer: dict[str, Any]) -> bool:

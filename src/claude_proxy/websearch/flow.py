@@ -28,7 +28,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, mark
 from claude_proxy.routing.tokens import estimate_request_tokens
-from claude_proxy.server_tools import WholeBlockFlow
+from claude_proxy.server_tools import WholeBlockFlow, without_safeguards
 from claude_proxy.websearch.backends import (
     MAX_QUERY_CHARS,
     Query,
@@ -155,8 +155,8 @@ def upstream_body(plan: Plan, history: list[dict[str, Any]], first: bool,
     tools = [replacement for t in body.get("tools") or [] if isinstance(t, dict)
              for replacement in ([t, *search] if SERVER_TOOL_TYPE.match(str(t.get("type", "")))
                                  else [t])]
-    request = {**body, "tools": tools, "messages": [*body["messages"], *history],
-               "stream": False}
+    request = {**without_safeguards(body), "tools": tools,
+               "messages": [*body["messages"], *history], "stream": False}
     choice = body.get("tool_choice")
     if not isinstance(choice, dict) or choice.get("type") not in ("tool", "any"):
         return request
