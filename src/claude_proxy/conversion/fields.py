@@ -125,6 +125,8 @@ BETA_VALUES: dict[str, Rule] = {
     "thinking-token-count-2026-05-13": Rule(IGN, "reasoning tokens are counted in "
                                                  "`output_tokens`"),
     "dangerous-tool-use-2026-09-03": Rule(T, "see `safeguards`"),
+    "afk-mode-2026-01-31": Rule(IGN, "marks Claude Code's Auto-mode requests (see "
+                                     "`safeguards`)"),
     "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools, `tool_reference` "
                                             "blocks and the tool search server tool are "
                                             "honoured"),
