@@ -228,14 +228,16 @@ def test_matching_reads_names_descriptions_and_arguments() -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_its_own_calls_are_not_judged(stream: bool, proxy_factory: Any,
+def test_its_own_calls_are_not_judged_and_edits_are_told(stream: bool, proxy_factory: Any,
                                       upstream: ScriptedUpstream) -> None:
     """With a safeguards judge configured, the flow's search calls go to nobody's judgement,
-    and the reply says its calls were not judged (`unsupported`)."""
+    and the reply says its calls were not judged (`unsupported`); `applied_edits` is told."""
     judged = proxy_factory(safeguards_route="openai,judge-model")
     upstream.responder = model({"pattern": "mail"}, call("mcp__mail__send", {"to": "a@b.c"}))
     body = {**ASK, "stream": stream,
-            "safeguards": [{"type": "dangerous_tool_use", "classifier_context": "rules"}]}
+            "safeguards": [{"type": "dangerous_tool_use", "classifier_context": "rules"}],
+            "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                              "keep": "all"}]}}
     response = httpx.post(f"{judged.url}/v1/messages", json=body, timeout=30)
     if stream:
         events = parse_sse(response.content)
@@ -245,5 +247,6 @@ def test_its_own_calls_are_not_judged(stream: bool, proxy_factory: Any,
         message = response.json()
     assert message["safeguard_results"] == [
         {"type": "dangerous_tool_use", "status": {"type": "unsupported"}}]
+    assert message["context_management"] == {"applied_edits": []}
     assert [b["model"] for b in upstream.requests] == ["middle-upstream"] * 2
     assert not any("safeguards" in b for b in upstream.requests)

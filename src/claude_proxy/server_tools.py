@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -49,18 +50,43 @@ def unjudged(body: dict[str, Any]) -> dict[str, Any]:
     return {"safeguard_results": safeguards.results(safeguards.UNSUPPORTED)}
 
 
+def managed(body: dict[str, Any], reply: FlowReply) -> dict[str, Any]:
+    """`context_management` for a request that has it: what the model calls applied."""
+    if body.get("context_management") is None:
+        return {}
+    return {"context_management": {"applied_edits": reply.applied_edits or []}}
+
+
 class Planned(Protocol):
     @property
     def body(self) -> dict[str, Any]: ...
 
 
-class Ended(Protocol):
-    @property
-    def stop_reason(self) -> str: ...
+@dataclass
+class FlowReply:
+    """What every flow's reply keeps: where its blocks go, how it ended, the usage of its
+    model calls, and the context-management edits they applied."""
+
+    emit: Emit
+    stop_reason: str = "end_turn"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    applied_edits: list[dict[str, Any]] | None = None
+    """The first model call's (the client's conversation, as the upstream got it)."""
+
+    def add(self, answer: dict[str, Any]) -> None:
+        """One model call's Message: its usage, and the first `applied_edits`."""
+        used = answer.get("usage")
+        if isinstance(used, dict):
+            self.input_tokens += int(used.get("input_tokens") or 0)
+            self.output_tokens += int(used.get("output_tokens") or 0)
+        managed = answer.get("context_management")
+        if self.applied_edits is None and isinstance(managed, dict):
+            self.applied_edits = list(managed.get("applied_edits") or [])
 
 
 P = TypeVar("P", bound=Planned)
-R = TypeVar("R", bound=Ended)
+R = TypeVar("R", bound=FlowReply)
 
 
 class WholeBlockFlow(Generic[P, R]):
@@ -86,6 +112,7 @@ class WholeBlockFlow(Generic[P, R]):
         answer = message(new_message_id(), plan.body["model"], content, reply.stop_reason,
                          self.recorded(plan, reply))
         answer.update(unjudged(plan.body))
+        answer.update(managed(plan.body, reply))
         current_record().message = answer  # for the dashboard's inspector
         return answer
 
@@ -99,6 +126,7 @@ class WholeBlockFlow(Generic[P, R]):
     def end(self, plan: P, reply: R) -> list[Event]:
         events = message_end(reply.stop_reason, self.recorded(plan, reply))
         events[0]["delta"].update(unjudged(plan.body))
+        events[0].update(managed(plan.body, reply))
         return events
 
     def recorded(self, plan: P, reply: R) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from claude_proxy.conversion.whole_blocks import (
 from claude_proxy.errors import ProxyError
 from claude_proxy.record import current_record, mark
 from claude_proxy.routing.tokens import estimate_request_tokens
-from claude_proxy.server_tools import WholeBlockFlow, without_safeguards
+from claude_proxy.server_tools import FlowReply, WholeBlockFlow, without_safeguards
 from claude_proxy.service import MessagesService
 from claude_proxy.toolsearch.matching import (
     BadInput,
@@ -117,22 +117,12 @@ def make_plan(body: dict[str, Any]) -> Plan:
 
 
 @dataclass
-class Reply:
-    """The blocks built so far, and how the turn ended."""
+class Reply(FlowReply):
+    """The blocks built so far, how the turn ended, and the model's turns so far."""
 
-    emit: Callable[[Block], None]
     searches: int = 0
     """Searches run (what `tool_search_requests` counts)."""
-    refused: int = 0
-    stop_reason: str = "end_turn"
-    input_tokens: int = 0
-    output_tokens: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-
-    def add_usage(self, used: Any) -> None:
-        if isinstance(used, dict):
-            self.input_tokens += int(used.get("input_tokens") or 0)
-            self.output_tokens += int(used.get("output_tokens") or 0)
 
 
 class ToolSearchFlow(WholeBlockFlow[Plan, Reply]):
@@ -160,7 +150,7 @@ class ToolSearchFlow(WholeBlockFlow[Plan, Reply]):
         reply = Reply(emit)
         for _ in range(MAX_SEARCHES + 2):
             answer = await self.service.create(self._upstream_body(plan, reply.history))
-            reply.add_usage(answer.get("usage"))
+            reply.add(answer)
             if not await self._answer(plan, reply, answer):
                 return reply
         return reply

@@ -28,7 +28,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, mark
 from claude_proxy.routing.tokens import estimate_request_tokens
-from claude_proxy.server_tools import WholeBlockFlow, without_safeguards
+from claude_proxy.server_tools import FlowReply, WholeBlockFlow, without_safeguards
 from claude_proxy.websearch.backends import (
     MAX_QUERY_CHARS,
     Query,
@@ -193,23 +193,14 @@ class ModelCaller(Protocol):
 
 
 @dataclass
-class Reply:
+class Reply(FlowReply):
     """The blocks built so far and how the turn ended."""
 
-    emit: Callable[[Block], None]
     searches: list[Search] = field(default_factory=list)
-    stop_reason: str = "end_turn"
-    input_tokens: int = 0
-    output_tokens: int = 0
 
     def searches_run(self) -> int:
         """Searches that reached a search engine (what max_uses counts)."""
         return sum(1 for s in self.searches if s.error not in REFUSED)
-
-    def add_usage(self, message_usage: Any) -> None:
-        if isinstance(message_usage, dict):
-            self.input_tokens += int(message_usage.get("input_tokens") or 0)
-            self.output_tokens += int(message_usage.get("output_tokens") or 0)
 
 
 class SearchFlow(WholeBlockFlow[Plan, Reply]):
@@ -276,7 +267,7 @@ class SearchFlow(WholeBlockFlow[Plan, Reply]):
                                "results", error.message)
                 reply.emit(text_block(digest(reply.searches)))
                 return
-            reply.add_usage(answer.get("usage"))
+            reply.add(answer)
             turns = await self._answer(plan, reply, answer)
             if turns is None:
                 return
@@ -378,7 +369,7 @@ class SearchFlow(WholeBlockFlow[Plan, Reply]):
         search = Search(query.text, filter_hits(native_hits(completion), query), source=source)
         self._log(search, time.perf_counter() - started)
         self._add_search(reply, search)
-        reply.add_usage(answer.get("usage"))
+        reply.add(answer)
         for block in answer.get("content") or []:
             reply.emit(block)
         reply.stop_reason = "tool_use" if any(
