@@ -157,8 +157,8 @@ class MessagesService:
         self.replay = replay
         """Earlier turns' blocks of features above this layer, as the upstream can take them."""
         self.judge = judge
-        """Judges a reply's tool calls for a request with `safeguards` (the `safeguards/`
-        layer, when a judge route is configured); None: `unsupported` is answered."""
+        """Judges a reply's tool calls for a request with `safeguards` (`judge.py`, set by
+        the app when a judge route is configured); None: `unsupported` is answered."""
         self.keys = keys
         """The `[keys]` (None without): what each key may be routed to."""
         self.store = store or LocalStore()
