@@ -185,3 +185,24 @@ def test_malformed_safeguards_get_a_400(value: Any, message: str, proxy: ProxySe
     assert response.json() == {"type": "error", "error": {
         "type": "invalid_request_error", "message": message}}
     assert upstream.requests == []
+
+
+@pytest.mark.parametrize("route", ["judge-model", "nobody,judge-model", "openai,"])
+def test_a_judge_route_naming_no_provider_stops_the_start(route: str) -> None:
+    from claude_proxy.config.file import ConfigurationError, single_provider_config
+    from claude_proxy.config.settings import Settings
+    with pytest.raises(ConfigurationError) as raised:
+        single_provider_config(Settings(provider="openai", safeguards_route=route))
+    assert str(raised.value) == (f"SAFEGUARDS_ROUTE: {route!r} is not \"PROVIDER,MODEL\" with "
+                                 f"a configured provider (openai)")
+
+
+def test_the_config_files_judge_route_wins(tmp_path: Any) -> None:
+    from claude_proxy.config.file import judge_route, load_config_file
+    from claude_proxy.config.settings import Settings
+    path = tmp_path / "proxy.toml"
+    path.write_text('[providers.a]\nopenai_base_url = "http://127.0.0.1:9/v1"\n'
+                    'openai_api_key = "k"\n[router]\ndefault = "a,m"\n'
+                    'safeguards = ["a,judge-1", "a,judge-2"]\n')
+    config = load_config_file(path, Settings(safeguards_route="a,ignored"))
+    assert judge_route(config) == ["a,judge-1", "a,judge-2"]

@@ -140,7 +140,9 @@ def single_provider_config(settings: Settings) -> ProxyConfig:
     name = settings.provider_name
     models = ModelTable().with_provider(name, name, {"context_window": settings.context_window},
                                         {}, "CONTEXT_WINDOW")
-    return ProxyConfig(settings, {name: settings}, models=models)
+    config = ProxyConfig(settings, {name: settings}, models=models)
+    judge_route(config)  # a SAFEGUARDS_ROUTE naming no provider stops the start here
+    return config
 
 
 def load_config_file(path: Path, settings: Settings,
@@ -176,6 +178,7 @@ def load_config_file(path: Path, settings: Settings,
                          key_secrets=tuple(key_secrets))
     _check_routes(path, config)
     _check_keys(path, config)
+    judge_route(config)
     return config
 
 
