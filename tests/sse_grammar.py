@@ -11,7 +11,11 @@ DELTA_FOR_BLOCK = {
     "text": {"text_delta"},
     "thinking": {"thinking_delta", "signature_delta"},
     "tool_use": {"input_json_delta"},
+    "server_tool_use": {"input_json_delta"},
+    "web_search_tool_result": set(),
+    "tool_search_tool_result": set(),
 }
+"""The deltas each block type may have (result blocks come whole in their start)."""
 
 
 @dataclass
@@ -65,7 +69,7 @@ def check_grammar(events: list[Event]) -> None:
             assert open_block["type"] in DELTA_FOR_BLOCK
             if open_block["type"] == "text":
                 assert open_block["text"] == ""
-            if open_block["type"] == "tool_use":
+            if open_block["type"] in ("tool_use", "server_tool_use"):
                 assert open_block["input"] == {} and open_block["id"] and open_block["name"]
             next_index += 1
         elif event.name == "content_block_delta":
@@ -79,11 +83,7 @@ def check_grammar(events: list[Event]) -> None:
             open_block = None
         elif event.name == "message_delta":
             assert open_block is None
-            assert data["delta"]["stop_reason"] in {
-                "end_turn", "max_tokens", "tool_use", "stop_sequence", "refusal"}
-            usage = data["usage"]
-            assert isinstance(usage["output_tokens"], int) and isinstance(
-                usage["input_tokens"], int)
+            check_message_delta(data)
         elif event.name == "message_stop":
             assert names[-2] == "message_delta"
             ended = True
@@ -94,6 +94,42 @@ def check_grammar(events: list[Event]) -> None:
         else:
             raise AssertionError(f"unknown event {event.name}")
     assert ended, "stream did not end with message_stop or error"
+
+
+DELTA_FIELDS = {"stop_reason", "stop_sequence", "stop_details", "safeguard_results"}
+MESSAGE_DELTA_FIELDS = {"type", "delta", "usage", "context_management"}
+SAFEGUARD_STATUSES = {"available", "unsupported", "unavailable"}
+CALL_STATUSES = {"evaluated", "skipped", "unavailable"}
+
+
+def check_message_delta(data: dict[str, Any]) -> None:
+    """The final message_delta: known fields only, each in Anthropic's shape (`stop_details`
+    exactly with a refusal; `safeguard_results` as Claude Code parses it; `context_management`
+    beside `delta`, as the SDKs' `BetaRawMessageDeltaEvent` has it)."""
+    assert set(data) <= MESSAGE_DELTA_FIELDS, set(data) - MESSAGE_DELTA_FIELDS
+    delta = data["delta"]
+    assert set(delta) <= DELTA_FIELDS, set(delta) - DELTA_FIELDS
+    assert delta["stop_reason"] in {
+        "end_turn", "max_tokens", "tool_use", "stop_sequence", "refusal"}
+    assert ("stop_details" in delta) == (delta["stop_reason"] == "refusal")
+    if "stop_details" in delta:
+        assert delta["stop_details"]["type"] == "refusal"
+    for result in delta.get("safeguard_results", []):
+        assert result["type"] == "dangerous_tool_use"
+        status = result["status"]
+        assert status["type"] in SAFEGUARD_STATUSES
+        if status["type"] == "unavailable":
+            assert status["reason"] in {"disabled", "error", "rate_limited", "input_too_long"}
+        for call in status.get("tool_uses", {}).values():
+            assert call["type"] in CALL_STATUSES
+            if call["type"] == "evaluated":
+                assert call["outcome"] in {"flagged", "not_flagged"}
+    if "context_management" in data:
+        for edit in data["context_management"]["applied_edits"]:
+            assert edit["type"] in {"clear_tool_uses_20250919", "clear_thinking_20251015"}
+            assert isinstance(edit["cleared_input_tokens"], int)
+    usage = data["usage"]
+    assert isinstance(usage["output_tokens"], int) and isinstance(usage["input_tokens"], int)
 
 
 def accumulate(events: list[Event]) -> dict[str, Any]:
@@ -119,11 +155,12 @@ def accumulate(events: list[Event]) -> dict[str, Any]:
                 partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
         elif event.name == "content_block_stop":
             block = message["content"][data["index"]]
-            if block["type"] == "tool_use":
+            if block["type"] in ("tool_use", "server_tool_use"):
                 block["input"] = json.loads(partial.get(data["index"], "") or "{}")
         elif event.name == "message_delta":
             message.update(data["delta"])
             message["usage"] = {**message["usage"], **data["usage"]}
+            message.update((k, v) for k, v in data.items() if k not in ("type", "delta", "usage"))
         elif event.name == "error":
             message["error"] = data["error"]
     return message

@@ -38,7 +38,9 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
 PROMETHEUS_MULTIPROC_DIR itself: pyproject.toml names that library)."""
 OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "podman",
                   "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "Claude Code",
-                  "OLLAMA_CONTEXT_LENGTH": "Ollama"}
+                  "OLLAMA_CONTEXT_LENGTH": "Ollama",
+                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "Claude Code",
+                  "DISABLE_TELEMETRY": "Claude Code"}
 USER_CHOSEN = {"KIMI_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_CHAT",
                "ALICE_PROXY_KEY", "LANGFUSE_AUTH"}
 """Names the reader chooses (a secret read with `env:NAME`, a tool-group NAME)."""

@@ -61,6 +61,20 @@ class Case:
     profile: str = "openai"
 
 
+def check_safeguards(sent: Sent) -> None:
+    """Nothing goes upstream; the answer says nobody judged (tests/test_safeguards.py)."""
+    unchanged(sent)
+    assert sent.response.json()["safeguard_results"] == [
+        {"type": "dangerous_tool_use", "status": {"type": "unsupported"}}]
+
+
+def check_context_management(sent: Sent) -> None:
+    """Claude Code's no-op edit: nothing changes, and the answer says nothing was done
+    (tests/test_context_management.py)."""
+    unchanged(sent)
+    assert sent.response.json()["context_management"] == {"applied_edits": []}
+
+
 def unchanged(sent: Sent) -> None:
     """Ignored: accepted, and the upstream request is exactly the baseline's."""
     assert sent.added() == {} and sent.upstream == sent.baseline
@@ -172,8 +186,9 @@ CASES: dict[str, Case] = {
         "type": "tokens", "total": 50000}}}, unchanged),
     "output_format": Case({"output_format": {"type": "json_schema", "schema": SCHEMA}},
                           check_structured),
+    "safeguards": Case({"safeguards": [{"type": "dangerous_tool_use"}]}, check_safeguards),
     "context_management": Case({"context_management": {"edits": [
-        {"type": "clear_thinking_20251015", "keep": "all"}]}}, unchanged),
+        {"type": "clear_thinking_20251015", "keep": "all"}]}}, check_context_management),
     "cache_control": Case({"cache_control": {"type": "ephemeral"}}, unchanged),
     "service_tier": Case({"service_tier": "standard_only"}, unchanged),
     "speed": Case({"speed": "fast"}, unchanged),

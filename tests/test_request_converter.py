@@ -343,8 +343,44 @@ def test_deferred_tool_is_sent_once_a_tool_reference_loads_it() -> None:
             {"type": "tool_reference", "tool_name": "mcp__db__query"}]}),
     ]), settings())
     assert [t["function"]["name"] for t in loaded["tools"]] == ["ToolSearch", "mcp__db__query"]
-    assert loaded["messages"][2] == {"role": "tool", "tool_call_id": "toolu_s",
-                                     "content": "Tool mcp__db__query is now available."}
+    assert loaded["messages"][2] == {"role": "tool", "tool_call_id": "toolu_s", "content": (
+        '<functions>\n<function>{"description": "", "name": "mcp__db__query", "parameters": '
+        '{"type": "object", "properties": {"sql": {"type": "string"}}}}</function>\n'
+        '</functions>')}
+
+
+def test_found_tools_are_rendered_as_toolsearch_promises() -> None:
+    """Claude Code 2.1.332's ToolSearch description: each matched tool is one
+    `<function>{"description": …, "name": …, "parameters": …}</function>` line inside a
+    `<functions>` block, the encoding of the tool list at the top of the prompt."""
+    recorded = load_fixture("claude-code-2.1.332-tool-loop-second-request.json")["body"]
+    promise = next(t["description"] for t in recorded["tools"] if t["name"] == "ToolSearch")
+    assert ('one <function>{"description": "...", "name": "...", "parameters": {...}}'
+            '</function> line inside the <functions> block') in promise
+    read = next(t for t in recorded["tools"] if t["name"] == "Read")
+    deferred = [{**read, "name": "mcp__fs__read", "defer_loading": True},
+                {**read, "name": "mcp__fs__stat", "defer_loading": True}]
+    body = {**recorded, "tools": recorded["tools"] + deferred, "messages": [
+        *recorded["messages"],
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_ts",
+                                           "name": "ToolSearch",
+                                           "input": {"query": "select:mcp__fs__read,nope"}}]},
+        user_turn({"type": "tool_result", "tool_use_id": "toolu_ts", "content": [
+            {"type": "tool_reference", "tool_name": "mcp__fs__read"},
+            {"type": "tool_reference", "tool_name": "nope"}]})]}
+    converted = convert(body, settings())
+    names = [t["function"]["name"] for t in converted["tools"]]
+    assert names[-1] == "mcp__fs__read" and "mcp__fs__stat" not in names
+    text = converted["messages"][-1]["content"]
+    lines = text.split("\n")
+    assert lines[0] == "<functions>" and lines[-1] == "</functions>"
+    assert lines[2] == "<!-- no tool named nope is declared -->"
+    definition = json.loads(lines[1].removeprefix("<function>").removesuffix("</function>"))
+    assert definition == {"description": read["description"], "name": "mcp__fs__read",
+                          "parameters": {k: v for k, v in read["input_schema"].items()
+                                         if k != "$schema"}}
+    assert list(definition) == ["description", "name", "parameters"]
+    assert body["tools"][-1]["defer_loading"] is True  # the client's request is unchanged
 
 
 # ---------------------------------------------------------------- ids

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
 from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import ProviderSettings
+from claude_proxy.conversion import context_edits, safeguards
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
@@ -86,6 +87,8 @@ class Attempt:
     upstream: UpstreamRequest
     fit: preflight.Fit
     """Its input estimate and window (the pre-flight's measure)."""
+    edits: list[dict[str, Any]] = field(default_factory=list)
+    """The context-management edits applied to what it was sent (`applied_edits`)."""
 
 
 def classify(error: ProxyError) -> Failure:
@@ -149,10 +152,13 @@ class MessagesService:
     def __init__(self, config: ProxyConfig, providers: dict[str, Provider],
                  signer: ThinkingSigner, metrics: Metrics,
                  store: StateStore | None = None, keys: KeyRing | None = None,
-                 replay: BodyStep = unchanged) -> None:
+                 replay: BodyStep = unchanged, judge: safeguards.Judge | None = None) -> None:
         self.config = config
         self.replay = replay
         """Earlier turns' blocks of features above this layer, as the upstream can take them."""
+        self.judge = judge
+        """Judges a reply's tool calls for a request with `safeguards` (`judge.py`, set by
+        the app when a judge route is configured); None: `unsupported` is answered."""
         self.keys = keys
         """The `[keys]` (None without): what each key may be routed to."""
         self.store = store or LocalStore()
@@ -272,10 +278,22 @@ class MessagesService:
                 show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
-        return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
-                               sign=partial(self.signer.sign, origin=origin, hidden=omitted),
-                               parser=parser, omit_thinking=omitted,
-                               stop_sequences=body.get("stop_sequences") or ())
+        cleared = sum(int(edit["cleared_input_tokens"]) for edit in attempt.edits)
+        converter = StreamConverter(body["model"],
+                                    input_tokens=max(1, attempt.fit.tokens - cleared),
+                                    sign=partial(self.signer.sign, origin=origin,
+                                                 hidden=omitted),
+                                    parser=parser, omit_thinking=omitted,
+                                    stop_sequences=body.get("stop_sequences") or ())
+        if body.get("context_management") is not None:
+            converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
+        if safeguards.requested(body):
+            if self.judge is None:
+                converter.delta_fields["safeguard_results"] = safeguards.results(
+                    safeguards.UNSUPPORTED)
+            else:
+                converter.judge = partial(self.judge, body)
+        return converter
 
     # ------------------------------------------------------------ routing and failover
 
@@ -456,9 +474,12 @@ class MessagesService:
         the model and send once more without. `cache_key`: the session's prompt-cache key.
         max_tokens is clamped to the room the model's window leaves (pre-flight)."""
         body = preflight.clamped(body, fit)
+        edited = context_edits.apply(body, fit.tokens, needs_reasoning=context_edits.
+                                     needs_reasoning(self.settings_of(provider)))
+        body = edited.body
         upstream = self.convert(provider, candidate.model, body, cache_key)
         try:
-            return (Attempt(provider, candidate, upstream, fit),
+            return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
         except ProxyError as error:
             known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
@@ -474,7 +495,7 @@ class MessagesService:
                 provider.refusals.remember(model, field)
             await self.store.sync()  # the fleet leaves it out from now on, too
             upstream = self.convert(provider, candidate.model, body, cache_key)
-            return (Attempt(provider, candidate, upstream, fit),
+            return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
 
     @staticmethod
@@ -524,7 +545,8 @@ class MessagesService:
             responses.response_events(answer) if attempt.upstream.api == "responses"
             else chat_completions.buffered_chunks(answer))
         converter = self.converter(body, attempt)
-        message = collect_message(convert_chunks(chunks, converter))
+        events = convert_chunks(chunks, converter, end=False)
+        message = collect_message(events + await converter.settle() + converter.finish())
         current_record().message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, current_record())
@@ -549,7 +571,7 @@ class MessagesService:
                                  error_type="api_error")
         finally:
             await stream.aclose()  # cancels the upstream after a stop sequence
-        message = collect_message(events + converter.finish())
+        message = collect_message(events + await converter.settle() + converter.finish())
         record.message = message
         record_usage(message["usage"], converter.reasoning_tokens())
         self.remember_session(session, record)

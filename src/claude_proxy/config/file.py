@@ -66,10 +66,13 @@ class RouterSettings(BaseModel):
     """Requests of Claude Code's subagents (the `x-claude-code-agent-id` header)."""
     long_context_threshold: int = Field(default=60000, ge=1)
     fallback: list[str] = Field(default_factory=list)
+    safeguards: list[str] | None = None
+    """The judge of Claude Code's Auto-mode tool calls (`safeguards` in a request), tried in
+    order; unset: SAFEGUARDS_ROUTE, else `safeguard_results` say `unsupported`."""
     cooldown_failures: int = Field(default=3, ge=1)
     cooldown_seconds: float = Field(default=30.0, gt=0)
 
-    @field_validator(*ROUTE_NAMES, mode="before")
+    @field_validator(*ROUTE_NAMES, "safeguards", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         """`"kimi,kimi-k2.6"`, or a list whose first entry is the route and the rest its own
@@ -137,7 +140,9 @@ def single_provider_config(settings: Settings) -> ProxyConfig:
     name = settings.provider_name
     models = ModelTable().with_provider(name, name, {"context_window": settings.context_window},
                                         {}, "CONTEXT_WINDOW")
-    return ProxyConfig(settings, {name: settings}, models=models)
+    config = ProxyConfig(settings, {name: settings}, models=models)
+    judge_route(config)  # a SAFEGUARDS_ROUTE naming no provider stops the start here
+    return config
 
 
 def load_config_file(path: Path, settings: Settings,
@@ -173,6 +178,7 @@ def load_config_file(path: Path, settings: Settings,
                          key_secrets=tuple(key_secrets))
     _check_routes(path, config)
     _check_keys(path, config)
+    judge_route(config)
     return config
 
 
@@ -283,6 +289,7 @@ def _check_routes(path: Path, config: ProxyConfig) -> None:
     entries = [(f"[router] {name}", entry) for name in ROUTE_NAMES
                for entry in router.route(name)]
     entries += [("[router] fallback", entry) for entry in router.fallback]
+    entries += [("[router] safeguards", entry) for entry in router.safeguards or ()]
     for where, entry in entries:
         provider, separator, model = entry.partition(",")
         if not separator or not model.strip():
@@ -291,6 +298,22 @@ def _check_routes(path: Path, config: ProxyConfig) -> None:
             raise ConfigurationError(
                 f"{path}: {where}: unknown provider {provider.strip()!r} (configured: "
                 f"{', '.join(config.providers)})")
+
+
+def judge_route(config: ProxyConfig) -> list[str]:
+    """The safeguards judge's `PROVIDER,MODEL` entries: `[router] safeguards`, else
+    SAFEGUARDS_ROUTE; empty when neither is set. An entry naming no configured provider stops
+    the start (a judge that can never answer would only ever say `unavailable`)."""
+    if config.router is not None and config.router.safeguards:
+        return config.router.safeguards
+    value = config.settings.safeguards_route
+    if not value:
+        return []
+    provider, separator, model = value.partition(",")
+    if not separator or not model.strip() or provider.strip() not in config.providers:
+        raise ConfigurationError(f"SAFEGUARDS_ROUTE: {value!r} is not \"PROVIDER,MODEL\" with a "
+                                 f"configured provider ({', '.join(config.providers)})")
+    return [value]
 
 
 def _validation_message(path: Path, where: str, exc: ValidationError) -> str:

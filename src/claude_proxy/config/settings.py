@@ -411,6 +411,12 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     """REDIS_PREFIX: the start of every key, so several proxies can share one Redis."""
     redis_timeout: float = Field(default=0.1, gt=0, le=10)
     """REDIS_TIMEOUT: seconds any Redis call may take before the proxy goes on without it."""
+    safeguards_route: str | None = None
+    """SAFEGUARDS_ROUTE: `PROVIDER,MODEL` that judges the tool calls of requests carrying
+    `safeguards` (Claude Code's Auto mode); the config file's `[router] safeguards` wins.
+    Unset: the answer says `unsupported`, never a verdict nobody made."""
+    safeguards_timeout: float = Field(default=30.0, gt=0)
+    """SAFEGUARDS_TIMEOUT: seconds the judge may take per tool call; then `unavailable`."""
     refusal_ttl: float = Field(default=24 * 3600, gt=0)
     """REFUSAL_TTL: seconds a field an upstream model refused is left out (then tried again)."""
 

@@ -9,7 +9,7 @@ accumulator insists on. It knows nothing of the upstream's wire format: the pars
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from claude_proxy.conversion.deltas import (
     Usage,
 )
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
+from claude_proxy.conversion.safeguards import results
 from claude_proxy.conversion.stop_sequences import StopMatcher
 from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, reasoning_tokens
 from claude_proxy.errors import ProxyError, error_from_payload
@@ -33,6 +34,13 @@ from claude_proxy.errors import ProxyError, error_from_payload
 logger = logging.getLogger("claude_proxy.conversion")
 
 Event = dict[str, Any]
+
+REFUSAL_DETAILS: dict[str, Any] = {
+    "type": "refusal", "category": None,
+    "explanation": "The upstream provider's content filter stopped the answer.",
+}
+"""`stop_details` of a refusal (Anthropic's `BetaRefusalStopDetails`): an upstream filter
+names no Anthropic policy category, so `category` is null."""
 
 
 class Sign(Protocol):
@@ -190,6 +198,16 @@ class BlockMachine:
         self._streamed_chars = 0
         self._stops = StopMatcher(stop_sequences) if stop_sequences else None
         self._stop_sequence: str | None = None
+        self.closed = False
+        """The blocks are closed: the content is complete."""
+        self.delta_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
+        self.event_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta` beside `delta` and `usage`
+        (`context_management`): where the SDKs read them."""
+        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
+        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
+        its `safeguard_results` (conversion/safeguards.py)."""
         self.stopped = False
         """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 
@@ -223,6 +241,23 @@ class BlockMachine:
 
     def finish(self) -> list[Event]:
         """Close everything and end the message: message_delta, then message_stop."""
+        events = self.close()
+        delta: dict[str, Any] = {"stop_reason": self.stop_reason(),
+                                 "stop_sequence": self._stop_sequence}
+        if delta["stop_reason"] == "refusal":
+            delta["stop_details"] = dict(REFUSAL_DETAILS)
+        delta.update(self.delta_fields)
+        events.append({"type": "message_delta", "delta": delta, "usage": self.usage(),
+                       **self.event_fields})
+        events.append({"type": "message_stop"})
+        return events
+
+    def close(self) -> list[Event]:
+        """Close every block (once): the content is then complete (`tool_uses`), and what
+        is said about it (`delta_fields`) can still be settled before `finish`."""
+        if self.closed:
+            return []
+        self.closed = True
         events: list[Event] = []
         self._release_held(events)
         events.extend(self._close_all())
@@ -230,10 +265,29 @@ class BlockMachine:
             # A whitespace-only answer is still the answer.
             self._open_text(self._held_whitespace, events)
             events.extend(self._close_open())
-        delta = {"stop_reason": self.stop_reason(), "stop_sequence": self._stop_sequence}
-        events.append({"type": "message_delta", "delta": delta, "usage": self.usage()})
-        events.append({"type": "message_stop"})
         return events
+
+    async def settle(self) -> list[Event]:
+        """`close`, then what only the complete content allows: the judge's verdicts on its
+        tool calls. `finish` then ends the message with them."""
+        events = self.close()
+        if self.judge is not None:
+            self.delta_fields["safeguard_results"] = results(await self.judge(self.tool_uses()))
+            self.judge = None
+        return events
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        """The tool_use blocks sent so far (id, name, input), in order."""
+        uses = []
+        for call in self._calls.values():
+            if not call.anthropic_id:
+                continue
+            try:
+                arguments = orjson.loads(call.arguments() or "{}")
+            except orjson.JSONDecodeError:
+                arguments = call.arguments()
+            uses.append({"id": call.anthropic_id, "name": call.name, "input": arguments})
+        return uses
 
     def fail(self, error: ProxyError) -> list[Event]:
         """Close every open block, then one `error` event (the stream then ends)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from claude_proxy.conversion import context_edits, safeguards
 from claude_proxy.errors import ProxyError
 
 logger = logging.getLogger("claude_proxy.fields")
@@ -62,7 +63,8 @@ REQUEST_FIELDS: dict[str, Rule] = {
                         "for a model that refuses it), and → `prompt_cache_key` where the "
                         "provider takes one"),
     "tools": Rule(T, "custom tools → `tools` functions (schemas cleaned); server tools and "
-                     "unloaded `defer_loading` tools left out"),
+                     "unloaded `defer_loading` tools left out; `web_search_*` and "
+                     "`tool_search_tool_regex_*` / `_bm25_*` run by the proxy"),
     "tool_choice": Rule(T, "→ `tool_choice`; `disable_parallel_tool_use` → "
                            "`parallel_tool_calls: false`"),
     "thinking": Rule(T, "→ the provider's reasoning fields; reasoning comes back as "
@@ -77,8 +79,15 @@ REQUEST_FIELDS: dict[str, Rule] = {
                                            "shape does not depend on it"),
     "output_format": Rule(T, "the older beta spelling of `output_config.format`, translated "
                              "the same way"),
-    "context_management": Rule(IGN, "Claude Code's `clear_thinking` edits: the proxy sends "
-                                    "the history it is given"),
+    "safeguards": Rule(T, "Claude Code's Auto-mode classifier: `safeguard_results` answer "
+                          "`unsupported`, or with a judge route (`[router] safeguards`, "
+                          "SAFEGUARDS_ROUTE) each tool call's verdict from that route, or "
+                          "`unavailable`; never a verdict nobody made"),
+    "context_management": Rule(T, "`clear_tool_uses_20250919` (every knob) applied to the "
+                                  "history; `clear_thinking_20251015` where the upstream needs "
+                                  "no reasoning back; `applied_edits` answered (on "
+                                  "`message_delta` when streamed), `[]` when nothing was "
+                                  "done; other edits: 400"),
     "cache_control": Rule(IGN, "the top-level marker: automatic-caching upstreams cache the "
                                "prefix anyway (block markers follow PROMPT_CACHE)"),
     "service_tier": Rule(IGN, "capacity choice; the upstream has one tier"),
@@ -108,15 +117,19 @@ BETA_VALUES: dict[str, Rule] = {
     "claude-code-20250219": Rule(IGN, "marks Claude Code's requests"),
     "interleaved-thinking-2025-05-14": Rule(IGN, "thinking between tool calls follows "
                                                  "REASONING_WITH_TOOLS"),
-    "context-management-2025-06-27": Rule(IGN, "see `context_management`"),
+    "context-management-2025-06-27": Rule(T, "see `context_management`"),
     "effort-2025-11-24": Rule(T, "see `output_config.effort`"),
     "per-turn-control-2026-07-01": Rule(IGN, "the proxy sends each request as given"),
     "mid-conversation-tool-changes-2026-07-01": Rule(IGN, "tools are sent with every "
                                                           "request anyway"),
     "thinking-token-count-2026-05-13": Rule(IGN, "reasoning tokens are counted in "
                                                  "`output_tokens`"),
-    "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools and `tool_reference` "
-                                            "blocks are honoured"),
+    "dangerous-tool-use-2026-09-03": Rule(T, "see `safeguards`"),
+    "afk-mode-2026-01-31": Rule(IGN, "marks Claude Code's Auto-mode requests (see "
+                                     "`safeguards`)"),
+    "advanced-tool-use-2025-11-20": Rule(T, "`defer_loading` tools, `tool_reference` "
+                                            "blocks and the tool search server tool are "
+                                            "honoured"),
     "thinking-display-updates-2026-08-18": Rule(IGN, "thinking is shown as the upstream "
                                                      "reasons"),
     "context-1m-2025-08-07": Rule(IGN, "the upstream model's own context window applies"),
@@ -151,7 +164,8 @@ MEMBER_FIELDS: dict[str, Rule] = {
                                      "`{\"type\": \"ephemeral\"}` (plus a known `ttl` on "
                                      "OpenRouter's Anthropic models), never a scope"),
     "tools[].defer_loading": Rule(T, "the tool is left out until a `tool_reference` block "
-                                     "in the conversation loads it"),
+                                     "in the conversation loads it; the reference then "
+                                     "reads as the `<functions>` block ToolSearch promises"),
     "tools[].input_examples": Rule(IGN, "example inputs for a tool; a Chat Completions "
                                         "function has no such field, so its name, "
                                         "description and schema go up"),
@@ -262,6 +276,8 @@ def screen_request(body: Mapping[str, Any], beta_header: str | None, *,
     if refuse:
         refuse_unsupported(body)
         refuse_unknown_format(body)
+        safeguards.check(body)
+        context_edits.check(body)
 
 
 def markdown_tables() -> str:

@@ -45,7 +45,12 @@ from claude_proxy.conversion.tool_groups import (
     groups_with_extensions,
     remove_tool_groups,
 )
-from claude_proxy.conversion.tools import convert_tool_choice, convert_tools, referenced_tool_names
+from claude_proxy.conversion.tools import (
+    convert_tool_choice,
+    convert_tools,
+    expand_tool_references,
+    referenced_tool_names,
+)
 
 logger = logging.getLogger("claude_proxy.conversion")
 
@@ -174,6 +179,7 @@ def convert_request(
     (`caching.session_cache_key`).
     """
     model = model or map_model(request["model"], settings)
+    request = expand_tool_references(request)  # ToolSearch's results, as it promises them
     mode = cache_mode(settings, model)
     keep_parts = keeps_breakpoints(mode)
     system = (system_parts if keep_parts else convert_system)(request.get("system"))

@@ -57,9 +57,11 @@ class StreamConverter(BlockMachine):
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""
         return self.apply(self.parser.parse(chunk))
 
-    def finish(self) -> list[Event]:
+    def close(self) -> list[Event]:
+        if self.closed:
+            return []
         events = self.apply(self.parser.flush())
-        return events + super().finish()
+        return events + super().close()
 
     def fail(self, error: ProxyError) -> list[Event]:
         events = self.apply(self.parser.flush())
@@ -67,15 +69,16 @@ class StreamConverter(BlockMachine):
 
 
 def convert_chunks(
-    chunks: Iterable[dict[str, Any]], converter: StreamConverter
+    chunks: Iterable[dict[str, Any]], converter: StreamConverter, *, end: bool = True
 ) -> list[Event]:
-    """All events of a complete response, from message_start to message_stop."""
+    """All events of a complete response, from message_start to message_stop (`end=False`:
+    to the last block's stop, so the caller can `settle` before `finish`)."""
     events = converter.start()
     for chunk in chunks:
         events.extend(converter.feed(chunk))
         if converter.stopped:
             break
-    events.extend(converter.finish())
+    events.extend(converter.finish() if end else converter.close())
     return events
 
 
@@ -98,6 +101,8 @@ def collect_message(events: Iterable[Event]) -> dict[str, Any]:
         elif kind == "message_delta":
             message.update(event["delta"])
             message["usage"] = {**message["usage"], **event["usage"]}
+            message.update((key, value) for key, value in event.items()
+                           if key not in ("type", "delta", "usage"))
     return message
 
 

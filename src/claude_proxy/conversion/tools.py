@@ -7,6 +7,7 @@ model once a `tool_reference` block in the conversation has loaded them, as the 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -43,6 +44,81 @@ def referenced_tool_names(messages: Iterable[dict[str, Any]]) -> set[str]:
                     if isinstance(name, str):
                         names.add(name)
     return names
+
+
+def expand_tool_references(request: dict[str, Any]) -> dict[str, Any]:
+    """The request with each `tool_reference` turned into what Claude Code's ToolSearch
+    promises the model: the found tools' definitions as a `<functions>` block, one
+    `<function>{"description": …, "name": …, "parameters": …}</function>` line each (the
+    encoding of the tool list at the top of the prompt). The tools found are loaded: their
+    `defer_loading` is dropped, so they stay declared in `tools` (hosted APIs and
+    grammar-constrained servers cannot call an undeclared tool). The client's request is not
+    changed; without references it is returned as it is."""
+    messages = request.get("messages") or []
+    loaded = referenced_tool_names(messages)
+    if not loaded:
+        return request
+    tools = [tool for tool in request.get("tools") or [] if isinstance(tool, dict)]
+    known = {tool["name"]: tool for tool in tools
+             if not is_server_tool(tool) and isinstance(tool.get("name"), str)}
+    return {**request,
+            "tools": [{k: v for k, v in tool.items() if k != "defer_loading"}
+                      if tool.get("name") in loaded else tool for tool in tools],
+            "messages": [_expanded_message(message, known) for message in messages]}
+
+
+def functions_block(names: list[str], known: dict[str, dict[str, Any]]) -> str:
+    """The `<functions>` block for some found tools (a name nobody declared is said so)."""
+    lines = ["<functions>"]
+    for name in names:
+        tool = known.get(name)
+        if tool is None:
+            lines.append(f"<!-- no tool named {name} is declared -->")
+            continue
+        definition = {"description": tool.get("description") or "", "name": name,
+                      "parameters": clean_schema(tool.get("input_schema"))}
+        lines.append(f"<function>{json.dumps(definition, ensure_ascii=False)}</function>")
+    lines.append("</functions>")
+    return "\n".join(lines)
+
+
+def _expanded_message(message: Any, known: dict[str, dict[str, Any]]) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not any(_holds_references(b) for b in content):
+        return message
+    blocks = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_result" and isinstance(
+                block.get("content"), list):
+            block = {**block, "content": _expanded_blocks(block["content"], known)}
+        blocks.append(block)
+    return {**message, "content": _expanded_blocks(blocks, known)}
+
+
+def _holds_references(block: Any) -> bool:
+    if not isinstance(block, dict):
+        return False
+    inner = block.get("content") if block.get("type") == "tool_result" else [block]
+    return isinstance(inner, list) and any(
+        isinstance(item, dict) and item.get("type") == "tool_reference" for item in inner)
+
+
+def _expanded_blocks(blocks: list[Any], known: dict[str, dict[str, Any]]) -> list[Any]:
+    """The blocks with their tool_reference blocks as one `<functions>` text block, where the
+    first of them was."""
+    names = [str(b.get("tool_name", "")) for b in blocks
+             if isinstance(b, dict) and b.get("type") == "tool_reference"]
+    if not names:
+        return blocks
+    expanded: list[Any] = []
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "tool_reference":
+            if names:
+                expanded.append({"type": "text", "text": functions_block(names, known)})
+                names = []
+            continue
+        expanded.append(block)
+    return expanded
 
 
 def clean_schema(schema: Any) -> dict[str, Any]:

@@ -26,10 +26,11 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from claude_proxy.config.file import ProxyConfig, single_provider_config
+from claude_proxy.config.file import ProxyConfig, judge_route, single_provider_config
 from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
+from claude_proxy.judge import RouteJudge
 from claude_proxy.keys.budget import Clock, Gate
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.keys.spend import Ledger
@@ -52,6 +53,8 @@ from claude_proxy.telemetry import (
     open_telemetry,
     upstream_of,
 )
+from claude_proxy.toolsearch.loop import ToolSearchFlow
+from claude_proxy.toolsearch.loop import flatten as flatten_tool_search
 from claude_proxy.ui.inspect import message_of
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import Dashboard, dashboard_router
@@ -115,6 +118,12 @@ def _add_routes(app: FastAPI) -> None:
         app.include_router(dashboard_router())
 
 
+def replayed(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any]:
+    """Earlier turns' server-tool blocks (tool search, web search) as the upstream takes them:
+    tool search first, whose `server_tool_use` blocks are not searches of the web."""
+    return replay_blocks(flatten_tool_search(body), signer)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
                    ) -> AsyncIterator[None]:
@@ -136,7 +145,12 @@ async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
     if ledger is not None:
         ledger.keep_usage(data_dir(config))
     app.state.service = MessagesService(config, providers, signer, metrics, store, wired.keyring,
-                                        replay=partial(replay_blocks, signer=signer))
+                                        replay=partial(replayed, signer=signer))
+    app.state.tool_search = ToolSearchFlow(app.state.service)
+    route = judge_route(config)
+    if route:
+        app.state.service.judge = RouteJudge(app.state.service, route,
+                                             settings.safeguards_timeout)
     backend = SearchBackend(settings) if settings.web_search_backend else None
     app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
                                   signer, metrics)

@@ -37,6 +37,7 @@ from claude_proxy.server.event_stream import EventStream
 from claude_proxy.server.relay import before_first_byte, relay_events
 from claude_proxy.server.requests import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
+from claude_proxy.toolsearch.loop import ToolSearchFlow, is_tool_search_request
 from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
 
@@ -135,6 +136,8 @@ async def messages(request: Request) -> Response:
     deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout
     if is_search_request(body):
         return await search_response(request, body, deadline)
+    if is_tool_search_request(body):
+        return await tool_search_response(request, body, deadline)
     session = request.headers.get(SESSION_HEADER)
     if body.get("stream"):
         converter, stream = await before_first_byte(
@@ -157,6 +160,16 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     if body.get("stream"):
         return EventSourceResponse(search.stream(plan, deadline), sep="\n")
     return json_response(await before_first_byte(request, search.create(plan), deadline))
+
+
+async def tool_search_response(request: Request, body: dict[str, Any],
+                               deadline: float) -> Response:
+    """A request with the tool search server tool: the tool-search flow answers it."""
+    flow: ToolSearchFlow = request.app.state.tool_search
+    plan = flow.plan(body)
+    if body.get("stream"):
+        return EventStream(flow.stream(plan, deadline))
+    return json_response(await before_first_byte(request, flow.create(plan), deadline))
 
 
 async def count_tokens(request: Request) -> Response:

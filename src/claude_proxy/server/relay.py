@@ -153,7 +153,11 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         if not stream.complete and not converter.saw_finish_reason:
             raise ProxyError(502, "upstream stream ended before the response was complete",
                              error_type="overloaded_error")
-        yield _frame(events + converter.finish(), sent)
+        if converter.judge is not None:
+            # The tool calls are complete and go out; the end waits for the judge's verdicts.
+            yield _frame(events + converter.close(), sent)
+            events = []
+        yield _frame(events + await converter.settle() + converter.finish(), sent)
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
         metrics.count_upstream_error(transient(error).error_type)

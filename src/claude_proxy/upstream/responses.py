@@ -42,6 +42,7 @@ from claude_proxy.conversion.request_converter import (
     map_model,
     without_media,
 )
+from claude_proxy.conversion.tools import expand_tool_references
 from claude_proxy.upstream.capabilities import REASONING, SUMMARY
 from claude_proxy.upstream.wire import Wire
 
@@ -109,6 +110,7 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *,
     Responses API caches prefixes on its own).
     """
     model = endpoint(settings).deployment or model or map_model(request["model"], settings)
+    request = expand_tool_references(request)  # ToolSearch's results, as it promises them
     body: dict[str, Any] = {"model": model}
     instructions = convert_system(request.get("system"))
     if instructions is not None:

@@ -14,22 +14,21 @@ or a model call runs, then each block as soon as it is whole (see `blocks.py`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from claude_proxy.config.settings import ProviderSettings, SearchSettings
-from claude_proxy.conversion.ids import new_message_id
 from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.whole_blocks import Block, text_block
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
-from claude_proxy.record import current_record, current_trace, mark, record_usage
+from claude_proxy.record import current_record, current_trace, mark
 from claude_proxy.routing.tokens import estimate_request_tokens
-from claude_proxy.sse import encode_event, encode_events
+from claude_proxy.server_tools import FlowReply, WholeBlockFlow, without_safeguards
 from claude_proxy.websearch.backends import (
     MAX_QUERY_CHARS,
     Query,
@@ -39,16 +38,10 @@ from claude_proxy.websearch.backends import (
 )
 from claude_proxy.websearch.native import native_hits, native_kind, native_switch
 from claude_proxy.websearch.search_blocks import (
-    Block,
     Search,
-    block_events,
     digest,
-    message,
-    message_end,
-    message_start,
     numbered_results,
     search_blocks,
-    text_block,
     usage,
 )
 
@@ -58,7 +51,6 @@ SIDE_QUERY_PREFIX = "Perform a web search for the query: "
 SERVER_TOOL_TYPE = re.compile(r"^web_search_\d+$")
 FUNCTION_NAME = "web_search"
 DEFAULT_MAX_USES = 5
-PING_SECONDS = 5.0
 REFUSED = frozenset({"max_uses_exceeded", "invalid_tool_input", "query_too_long"})
 
 FUNCTION_TOOL: dict[str, Any] = {
@@ -163,8 +155,8 @@ def upstream_body(plan: Plan, history: list[dict[str, Any]], first: bool,
     tools = [replacement for t in body.get("tools") or [] if isinstance(t, dict)
              for replacement in ([t, *search] if SERVER_TOOL_TYPE.match(str(t.get("type", "")))
                                  else [t])]
-    request = {**body, "tools": tools, "messages": [*body["messages"], *history],
-               "stream": False}
+    request = {**without_safeguards(body), "tools": tools,
+               "messages": [*body["messages"], *history], "stream": False}
     choice = body.get("tool_choice")
     if not isinstance(choice, dict) or choice.get("type") not in ("tool", "any"):
         return request
@@ -201,109 +193,38 @@ class ModelCaller(Protocol):
 
 
 @dataclass
-class Reply:
+class Reply(FlowReply):
     """The blocks built so far and how the turn ended."""
 
-    emit: Callable[[Block], None]
     searches: list[Search] = field(default_factory=list)
-    stop_reason: str = "end_turn"
-    input_tokens: int = 0
-    output_tokens: int = 0
 
     def searches_run(self) -> int:
         """Searches that reached a search engine (what max_uses counts)."""
         return sum(1 for s in self.searches if s.error not in REFUSED)
 
-    def add_usage(self, message_usage: Any) -> None:
-        if isinstance(message_usage, dict):
-            self.input_tokens += int(message_usage.get("input_tokens") or 0)
-            self.output_tokens += int(message_usage.get("output_tokens") or 0)
 
+class SearchFlow(WholeBlockFlow[Plan, Reply]):
+    what = "search"
 
-class SearchFlow:
     def __init__(self, settings: SearchSettings, backend: SearchBackend | None, caller: ModelCaller,
                  signer: ThinkingSigner, metrics: Metrics) -> None:
+        super().__init__()
         self.settings = settings
         self.backend = backend
         self.caller = caller
         self.signer = signer
         self.metrics = metrics
-        self.ping_seconds = PING_SECONDS
 
     def plan(self, body: dict[str, Any]) -> Plan:
         return make_plan(body, self.caller.provider_for(body), self.backend is not None)
 
-    # ------------------------------------------------------------ the two renderings
-
-    async def create(self, plan: Plan) -> dict[str, Any]:
-        """The whole Message, for a non-streaming client."""
-        content: list[Block] = []
-        reply = await self._run(plan, content.append)
-        answer = message(new_message_id(), plan.body["model"], content, reply.stop_reason,
-                         self._usage(plan, reply))
-        current_record().message = answer  # for the dashboard's inspector
-        return answer
-
-    async def stream(self, plan: Plan, deadline: float) -> AsyncIterator[bytes]:
-        """SSE bytes: message_start at once, a ping while waiting, each block when whole."""
-        queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
-        index = 0
-
-        def emit(block: Block) -> None:
-            nonlocal index
-            queue.put_nowait(block_events(index, block))
-            index += 1
-
-        async def work() -> Reply:
-            async with asyncio.timeout_at(deadline):
-                return await self._run(plan, emit)
-
-        sent = current_record().events  # for the dashboard: one append per write
-
-        def frame(events: list[dict[str, Any]]) -> bytes:
-            encoded = encode_events(events)
-            sent.append(encoded)
-            return encoded
-
-        yield frame([message_start(new_message_id(), plan.body["model"],
-                                   estimate_request_tokens(plan.body))])
-        task = asyncio.ensure_future(work())
-        try:
-            while not task.done() or not queue.empty():
-                if queue.empty():
-                    done, _ = await asyncio.wait({task}, timeout=self.ping_seconds)
-                    if not done and queue.empty():
-                        yield encode_event({"type": "ping"})
-                    continue
-                yield frame(queue.get_nowait())
-            yield frame(self._ending(plan, task))
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    def _ending(self, plan: Plan, task: asyncio.Future[Reply]) -> list[dict[str, Any]]:
-        try:
-            reply = task.result()
-        except TimeoutError:
-            return [ProxyError(504, "the search did not finish within TOTAL_TIMEOUT",
-                               error_type="overloaded_error").body()]
-        except ProxyError as error:
-            kind = "overloaded_error" if error.status >= 500 else error.error_type
-            logger.warning("search request failed after the first byte: %s", error.message)
-            return [ProxyError(error.status, error.message, error_type=kind).body()]
-        return message_end(reply.stop_reason, self._usage(plan, reply))
-
-    def _usage(self, plan: Plan, reply: Reply) -> dict[str, Any]:
-        result = usage(reply.input_tokens or estimate_request_tokens(plan.body),
-                       reply.output_tokens, sum(1 for s in reply.searches if s.error is None))
-        record_usage(result, 0)
-        record = current_record()
-        record.stream, record.client_body = bool(plan.body.get("stream")), plan.body
-        return result
+    def usage(self, plan: Plan, reply: Reply) -> dict[str, Any]:
+        return usage(reply.input_tokens or estimate_request_tokens(plan.body),
+                     reply.output_tokens, sum(1 for s in reply.searches if s.error is None))
 
     # ------------------------------------------------------------ the flow
 
-    async def _run(self, plan: Plan, emit: Callable[[Block], None]) -> Reply:
+    async def run(self, plan: Plan, emit: Callable[[Block], None]) -> Reply:
         reply = Reply(emit)
         if plan.mode == "native" and await self._native(plan, reply):
             return reply
@@ -346,7 +267,7 @@ class SearchFlow:
                                "results", error.message)
                 reply.emit(text_block(digest(reply.searches)))
                 return
-            reply.add_usage(answer.get("usage"))
+            reply.add(answer)
             turns = await self._answer(plan, reply, answer)
             if turns is None:
                 return
@@ -451,7 +372,7 @@ class SearchFlow:
         search = Search(query.text, filter_hits(native_hits(completion), query), source=source)
         self._log(search, time.perf_counter() - started)
         self._add_search(reply, search)
-        reply.add_usage(answer.get("usage"))
+        reply.add(answer)
         for block in answer.get("content") or []:
             reply.emit(block)
         reply.stop_reason = "tool_use" if any(

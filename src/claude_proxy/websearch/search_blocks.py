@@ -1,10 +1,5 @@
-"""The Anthropic web-search blocks, as whole blocks and as stream events (pure functions).
-
-A reply is built as a list of whole content blocks; `block_events` renders each one the way
-Anthropic streams it and the way Claude Code's accumulator reads it: `server_tool_use` and
-`tool_use` start with `input: {}` and carry the input in one `input_json_delta`; text and
-thinking start empty and arrive through deltas; a `web_search_tool_result` comes whole in its
-`content_block_start` (there are no deltas for it).
+"""The Anthropic web-search blocks (pure functions). A reply is built as a list of whole
+content blocks, streamed by `conversion/whole_blocks.py`.
 
 `encrypted_content` is the proxy's own token: base64url (the alphabet Claude Code expects) of
 the URL and the snippet, signed with the thinking-signature secret. When a client sends the
@@ -16,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import secrets
-import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,16 +18,8 @@ from typing import Any
 import orjson
 
 from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.whole_blocks import Block, new_server_tool_id, text_block
 from claude_proxy.websearch.backends import Hit
-
-Event = dict[str, Any]
-Block = dict[str, Any]
-
-_ALPHABET = string.ascii_letters + string.digits
-
-
-def new_server_tool_id() -> str:
-    return "srvtoolu_" + "".join(secrets.choice(_ALPHABET) for _ in range(24))
 
 
 @dataclass
@@ -103,10 +88,6 @@ def search_blocks(search: Search, signer: ThinkingSigner) -> list[Block]:
     ]
 
 
-def text_block(text: str) -> Block:
-    return {"type": "text", "text": text}
-
-
 # ---------------------------------------------------------------- what the model reads
 
 
@@ -146,53 +127,10 @@ def digest(searches: Iterable[Search]) -> str:
 # ---------------------------------------------------------------- events
 
 
-def block_events(index: int, block: Block) -> list[Event]:
-    """One whole block as Anthropic streams it."""
-    kind = block["type"]
-    if kind in ("server_tool_use", "tool_use"):
-        start: Block = {**block, "input": {}}
-        deltas = [{"type": "input_json_delta",
-                   "partial_json": orjson.dumps(block.get("input") or {}).decode()}]
-    elif kind == "text":
-        start = {"type": "text", "text": ""}
-        deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
-    elif kind == "thinking":
-        start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
-                  {"type": "signature_delta", "signature": block.get("signature", "")}]
-    else:
-        start, deltas = block, []
-    return [{"type": "content_block_start", "index": index, "content_block": start},
-            *({"type": "content_block_delta", "index": index, "delta": delta}
-              for delta in deltas),
-            {"type": "content_block_stop", "index": index}]
-
-
 def usage(input_tokens: int, output_tokens: int, searches: int) -> dict[str, Any]:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
             "server_tool_use": {"web_search_requests": searches, "web_fetch_requests": 0}}
-
-
-def message_start(message_id: str, model: str, input_tokens: int) -> Event:
-    return {"type": "message_start", "message": {
-        "id": message_id, "type": "message", "role": "assistant", "model": model,
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": 0,
-                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}}
-
-
-def message_end(stop_reason: str, usage: dict[str, Any]) -> list[Event]:
-    return [{"type": "message_delta", "delta": {"stop_reason": stop_reason,
-                                                "stop_sequence": None}, "usage": usage},
-            {"type": "message_stop"}]
-
-
-def message(message_id: str, model: str, content: list[Block], stop_reason: str,
-            usage: dict[str, Any]) -> dict[str, Any]:
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop_reason, "stop_sequence": None,
-            "usage": usage}
 
 
 # ---------------------------------------------------------------- replay
