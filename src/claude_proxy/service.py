@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -19,15 +19,13 @@ from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
-from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
+from claude_proxy.conversion.request_converter import UpstreamRequest
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
-    WireParser,
     collect_message,
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
-from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -39,16 +37,9 @@ from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.routing.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
-from claude_proxy.upstream import chat_completions, llamacpp, responses
-from claude_proxy.upstream.capabilities import (
-    REASONING,
-    SUMMARY,
-    drop_refused,
-    names_added_field,
-    refused_optional_fields,
-    refused_structured,
-    structured_mode,
-)
+from claude_proxy.upstream import llamacpp
+from claude_proxy.upstream.api import CHAT, Build, api_for, api_of
+from claude_proxy.upstream.capabilities import REASONING, drop_refused
 from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
 from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
@@ -230,32 +221,23 @@ class MessagesService:
 
     def convert(self, provider: Provider, model: str, body: dict[str, Any],
                 cache_key: str | None = None) -> UpstreamRequest:
-        """The upstream request, minus whatever this model is known to refuse. The one place
-        that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
-        the provider sets RESPONSES_API=false), /chat/completions for the rest."""
+        """The upstream request, minus whatever this model is known to refuse, in the API
+        the provider takes for this model (upstream/api.py picks it)."""
         body = self.replay(body)  # earlier web searches as text
         body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
-        opaque_for = self.opaque_for(self.origin(provider, model))
         settings = self.settings_of(provider)
-        if responses.uses_responses(model, settings):
-            upstream = responses.convert_request(
-                body, settings, model=model, opaque_for=opaque_for,
-                without_reasoning=refusals.refuses(model, REASONING),
-                without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
-            apply_responses_structured_output(upstream.body, body)
-        else:
-            upstream = convert_request(body, settings, model=model,
-                                       is_ours=self.is_ours, opaque_for=opaque_for,
-                                       without_reasoning=refusals.refuses(model, REASONING),
-                                       structured=structured_mode(refusals, model),
-                                       cache_key=cache_key)
+        api = api_for(model, settings)
+        upstream = api.build(body, settings, Build(
+            model, refusals, is_ours=self.is_ours,
+            opaque_for=self.opaque_for(self.origin(provider, model)), cache_key=cache_key,
+            provider=provider.name))
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
         record = current_record()  # for the dashboard's inspector (kept by reference)
         record.client_body, record.upstream_body = body, upstream.body
         record.added = upstream.extras
         logger.debug("upstream request model=%s%s extra_json: %s", model,
-                     " api=responses" if upstream.api == "responses" else "", upstream.extras)
+                     "" if api is CHAT else f" api={api.name}", upstream.extras)
         return upstream
 
     def converter(self, body: dict[str, Any], attempt: Attempt) -> StreamConverter:
@@ -263,18 +245,11 @@ class MessagesService:
         parser, and signatures naming that provider and model."""
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
-        parser: WireParser
-        if upstream.api == "responses":
-            parser = responses.ResponsesParser()
-        else:
-            parser = chat_completions.ChatCompletionsParser(
-                think_tags=upstream.think_tags, leading_think_tags=True,
-                show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
         return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
                                sign=partial(self.signer.sign, origin=origin, hidden=omitted),
-                               parser=parser, omit_thinking=omitted,
+                               parser=api_of(upstream).parser(upstream), omit_thinking=omitted,
                                stop_sequences=body.get("stop_sequences") or ())
 
     # ------------------------------------------------------------ routing and failover
@@ -461,7 +436,7 @@ class MessagesService:
                     await _timed_send(provider, upstream, send))
         except ProxyError as error:
             known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
-            refused = [] if known else self._refused_fields(error, upstream)
+            refused = [] if known else api_of(upstream).refused_fields(error, upstream)
             if not refused:
                 raise
             model = candidate.model
@@ -476,33 +451,13 @@ class MessagesService:
             return (Attempt(provider, candidate, upstream, fit),
                     await _timed_send(provider, upstream, send))
 
-    @staticmethod
-    def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
-        if error.status != 400:
-            return []
-        optional = refused_optional_fields(error.message, upstream.body)
-        if optional:
-            return optional
-        if upstream.api == "responses":
-            return responses.refused_fields(error.message, upstream.extras)
-        structured = refused_structured(error.message, upstream.body)
-        if structured:
-            return structured
-        if upstream.extras and names_added_field(error.message, upstream.extras):
-            return [REASONING]
-        return []
-
     # ------------------------------------------------------------ entry points
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
                           ) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
-            if upstream.api == "responses":
-                return provider.client.open_response_stream(upstream.body)
-            if upstream.buffered:
-                return provider.client.open_buffered_stream(upstream.body)
-            return provider.client.open_stream(upstream.body)
+            return api_of(upstream).send_stream(provider.client, upstream)
 
         attempt, stream = await self.routed(body, send, session)
         return self.converter(body, attempt), stream
@@ -514,14 +469,10 @@ class MessagesService:
             return await self._create_streamed(body, session)
 
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
-            if upstream.api == "responses":
-                return provider.client.respond(upstream.body)
-            return provider.client.complete(upstream.body)
+            return api_of(upstream).send_once(provider.client, upstream)
 
         attempt, answer = await self.routed(body, send, session)
-        chunks: Iterator[dict[str, Any]] = (
-            responses.response_events(answer) if attempt.upstream.api == "responses"
-            else chat_completions.buffered_chunks(answer))
+        chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         message = collect_message(convert_chunks(chunks, converter))
         current_record().message = message

@@ -11,6 +11,7 @@ back (or were refused) and whether encrypted reasoning did.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
 from claude_proxy.state import check_store
 from claude_proxy.upstream import llamacpp, responses
+from claude_proxy.upstream.api import api_for
 from claude_proxy.upstream.client import OpenAIClient
 from claude_proxy.upstream.misconfigured import JINJA, MisconfiguredUpstream
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
@@ -78,8 +80,13 @@ def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
 
 
 async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str) -> list[Check]:
-    if responses.uses_responses(model, settings):
-        return await check_responses_model(client, settings, model)
+    """The checks of the API the proxy would send `model` to (upstream/api.py picks it)."""
+    return await MODEL_CHECKS[api_for(model, settings).name](client, settings, model)
+
+
+async def check_chat_model(client: OpenAIClient, settings: ProviderSettings,
+                           model: str) -> list[Check]:
+    """A /chat/completions model: reachable, then its reasoning fields, then tools."""
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
     try:
         await client.complete(plain.body)
@@ -212,6 +219,12 @@ async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSett
                       " (carried back in the thinking signature)" if opaque
                       else "no encrypted reasoning came back", required=False)
     return [summaries, encrypted]
+
+
+ModelChecks = Callable[[OpenAIClient, ProviderSettings, str], Awaitable[list[Check]]]
+MODEL_CHECKS: dict[str, ModelChecks] = {"chat": check_chat_model,
+                                       "responses": check_responses_model}
+"""Each upstream API's checks, by the API's name."""
 
 
 def configured_models(settings: ProviderSettings,
