@@ -44,6 +44,8 @@ class RequestRecord:
     """Claude Code's session id (`x-claude-code-session-id`), `-` without one."""
     agent: str = "-"
     """The subagent's id (`x-claude-code-agent-id`), `-` for the main loop and other clients."""
+    betas: str | None = None
+    """The client's `anthropic-beta` header (a Messages upstream gets the values it takes)."""
     failover: list[str] = field(default_factory=list)
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None

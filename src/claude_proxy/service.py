@@ -39,7 +39,7 @@ from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
 from claude_proxy.upstream import llamacpp
 from claude_proxy.upstream.api import CHAT, Build, api_for, api_of
-from claude_proxy.upstream.capabilities import REASONING, drop_refused
+from claude_proxy.upstream.capabilities import REASONING
 from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
 from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
@@ -231,8 +231,7 @@ class MessagesService:
         upstream = api.build(body, settings, Build(
             model, refusals, is_ours=self.is_ours,
             opaque_for=self.opaque_for(self.origin(provider, model)), cache_key=cache_key,
-            provider=provider.name))
-        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+            betas=current_record().betas))
         record = current_record()  # for the dashboard's inspector (kept by reference)
         record.client_body, record.upstream_body = body, upstream.body
         record.added = upstream.extras

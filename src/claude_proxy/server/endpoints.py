@@ -123,7 +123,8 @@ async def messages(request: Request) -> Response:
     wired = wiring(request)
     payload = await read_json_body(request, wired.settings.max_request_bytes)
     body = validate_request(MessagesRequest, payload)
-    screen_request(body, request.headers.get("anthropic-beta"))
+    current_record().betas = request.headers.get("anthropic-beta")
+    screen_request(body, current_record().betas)
     wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
     service = service_of(request)
     deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout

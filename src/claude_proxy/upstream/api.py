@@ -23,11 +23,12 @@ from claude_proxy.conversion.request_converter import UpstreamRequest, convert_r
 from claude_proxy.conversion.response_converter import WireParser
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError
-from claude_proxy.upstream import chat_completions, responses
+from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.capabilities import (
     REASONING,
     SUMMARY,
     Refusals,
+    drop_refused,
     names_added_field,
     refused_optional_fields,
     refused_structured,
@@ -50,8 +51,8 @@ class Build:
     is_ours: IsOurs = lambda block: False
     opaque_for: OpaqueFor = lambda block: []
     cache_key: str | None = None
-    provider: str = ""
-    """The provider's name (its refusals and signatures are kept under it)."""
+    betas: str | None = None
+    """The client's `anthropic-beta` header (a Messages upstream gets what it takes of it)."""
 
 
 class UpstreamAPI(Protocol):
@@ -114,11 +115,13 @@ class ChatCompletions:
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
         refusals, model = build.refusals, build.model
-        return convert_request(request, settings, model=model, is_ours=build.is_ours,
-                               opaque_for=build.opaque_for,
-                               without_reasoning=refusals.refuses(model, REASONING),
-                               structured=structured_mode(refusals, model),
-                               cache_key=build.cache_key)
+        upstream = convert_request(request, settings, model=model, is_ours=build.is_ours,
+                                   opaque_for=build.opaque_for,
+                                   without_reasoning=refusals.refuses(model, REASONING),
+                                   structured=structured_mode(refusals, model),
+                                   cache_key=build.cache_key)
+        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+        return upstream
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
         return chat_completions.ChatCompletionsParser(
@@ -168,6 +171,7 @@ class Responses:
             without_reasoning=refusals.refuses(model, REASONING),
             without_summary=refusals.refuses(model, SUMMARY), cache_key=build.cache_key)
         apply_responses_structured_output(upstream.body, request)
+        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
         return upstream
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
@@ -190,19 +194,57 @@ class Responses:
         return responses.refused_fields(error.message, upstream.extras)
 
 
+class Messages:
+    """The Anthropic Messages API of another provider (`api = "messages"`): the client's
+    request sanitised for the endpoint's profile (upstream/messages.py)."""
+
+    name = "messages"
+    path = messages.PATH
+    wire = messages.WIRE
+
+    def serves(self, model: str, settings: ProviderSettings) -> bool:
+        return settings.upstream_api == "messages"
+
+    def build(self, request: dict[str, Any], settings: ProviderSettings,
+              build: Build) -> UpstreamRequest:
+        return messages.convert_request(
+            request, settings, model=build.model,
+            refuses=lambda name: build.refusals.refuses(build.model, name),
+            opaque_for=build.opaque_for, betas=build.betas)
+
+    def parser(self, upstream: UpstreamRequest) -> WireParser:
+        return messages.MessagesParser()
+
+    async def send_stream(self, client: OpenAIClient,
+                          upstream: UpstreamRequest) -> UpstreamStream:
+        return await client.open_message_stream(upstream.body, upstream.headers)
+
+    async def send_once(self, client: OpenAIClient, upstream: UpstreamRequest) -> Chunk:
+        return await client.message(upstream.body, upstream.headers)
+
+    def events_of(self, answer: Chunk) -> Iterator[Chunk]:
+        return messages.message_events(answer)
+
+    def refused_fields(self, error: ProxyError, upstream: UpstreamRequest) -> list[str]:
+        if error.status != 400:
+            return []
+        return messages.refused_fields(error.message, upstream)
+
+
 CHAT: UpstreamAPI = ChatCompletions()
 RESPONSES: UpstreamAPI = Responses()
-APIS: dict[str, UpstreamAPI] = {api.name: api for api in (CHAT, RESPONSES)}
+MESSAGES: UpstreamAPI = Messages()
+APIS: dict[str, UpstreamAPI] = {api.name: api for api in (CHAT, RESPONSES, MESSAGES)}
 """Every API by name (`UpstreamRequest.api`)."""
 
 
 def api_for(model: str, settings: ProviderSettings) -> UpstreamAPI:
     """The API `model` is sent to at this provider: the provider's configured one
     (`api = "messages"`), else /responses for the models it serves, else /chat/completions."""
-    configured = APIS.get(getattr(settings, "upstream_api", "chat"))
-    if configured is not None and configured is not CHAT:
-        return configured
-    return RESPONSES if RESPONSES.serves(model, settings) else CHAT
+    for api in (MESSAGES, RESPONSES):
+        if api.serves(model, settings):
+            return api
+    return CHAT
 
 
 def api_of(upstream: UpstreamRequest) -> UpstreamAPI:
