@@ -6,6 +6,7 @@ behind. Each endpoint quirk has its test, its source in a comment (the research 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import httpx
 import pytest
 
 from claude_proxy.config.settings import load_settings
-from claude_proxy.conversion.signatures import ThinkingSigner
+from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.upstream.api import MESSAGES, api_for
 from tests.conftest import UPSTREAM_KEY, ProxyServer, clean_env
 from tests.scripted_upstream import (
@@ -266,3 +267,249 @@ def test_each_messages_env_file_loads_as_a_messages_upstream(
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             assert key.isupper() and " #" not in value and not value.startswith(('"', "'"))
+
+
+# ---------------------------------------------------------------- refusals, learned once
+
+# Anthropic's own wording (via Vertex), QuantumNous/new-api#2975 (2026-02-20).
+BETA_REFUSAL = ("Unexpected value(s) `advanced-tool-use-2025-11-20` for the `anthropic-beta` "
+                "header. Please consult our documentation at docs.anthropic.com or try again "
+                "without the header.")
+
+
+def post(proxy: ProxyServer, body: dict[str, Any], **headers: str) -> httpx.Response:
+    fields: dict[str, Any] = {"model": "claude-opus-4-7", "max_tokens": 1024,
+                              "messages": [{"role": "user", "content": "hi"}]}
+    fields.update(body)
+    return httpx.post(f"{proxy.url}/v1/messages", json=fields, headers=headers, timeout=30)
+
+
+def test_a_refused_beta_value_is_learned_once(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream)  # generic: every beta passes at first
+    upstream.queue(anthropic_error(400, BETA_REFUSAL))
+    first = post(proxy, {}, **{"anthropic-beta": BETAS})
+    assert first.status_code == 200, first.text
+    assert first.json()["content"] == [{"type": "text", "text": "scripted default"}]
+    second = post(proxy, {}, **{"anthropic-beta": BETAS})
+    assert second.status_code == 200
+    sent = [headers.get("anthropic-beta") for headers in upstream.headers]
+    kept = "claude-code-20250219,interleaved-thinking-2025-05-14"
+    assert sent == [BETAS, kept, kept]  # refused, retried without, never sent again
+
+
+def test_a_refused_field_is_learned_once(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream)
+    # Anthropic-style validation wording for a field an endpoint does not know.
+    upstream.queue(anthropic_error(400, "context_management: Extra inputs are not permitted"))
+    edits = {"context_management": {"edits": [{"type": "clear_thinking_20251015"}]}}
+    assert post(proxy, edits).status_code == 200
+    assert post(proxy, edits).status_code == 200
+    assert ["context_management" in body for body in upstream.requests] == [True, False, False]
+
+
+def test_a_refused_nested_field_takes_only_itself_away(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream)
+    upstream.queue(anthropic_error(
+        400, "tools.0.custom.input_examples: Extra inputs are not permitted"))
+    tool = {**CALCULATOR, "input_examples": [{"a": 1, "b": 2}]}
+    assert post(proxy, {"tools": [tool]}).status_code == 200
+    assert [body["tools"] for body in upstream.requests] == [[tool], [CALCULATOR]]
+
+
+def test_kimis_bare_invalid_request_takes_the_newer_features_away_once(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # Kimi Code answers a tool_reference or a newer beta with a bare 400 "Invalid request
+    # Error" (farion1231/cc-switch#2941; MoonshotAI/Kimi-K2.5#5); exact body from the former.
+    proxy = messages_proxy(proxy_factory, upstream)
+    upstream.queue(anthropic_error(400, "", body={
+        "error": {"type": "invalid_request_error", "message": "Invalid request Error"},
+        "type": "error"}))
+    deferred = {**CALCULATOR, "name": "mcp__db__query", "defer_loading": True}
+    body = {"tools": [CALCULATOR, deferred]}
+    assert post(proxy, body, **{"anthropic-beta": BETAS}).status_code == 200
+    retried = upstream.requests[1]
+    assert retried["tools"] == [CALCULATOR]
+    assert "anthropic-beta" not in upstream.headers[1]
+    assert post(proxy, body, **{"anthropic-beta": BETAS}).status_code == 200
+    assert len(upstream.requests) == 3 and upstream.requests[2]["tools"] == [CALCULATOR]
+
+
+def test_kimi_gets_tool_references_as_text_and_no_tool_search_beta(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # api.moonshot.cn/anthropic: 400 "failed to convert tool result content: unsupported
+    # content type in ContentBlockParamUnion: tool_reference" (MoonshotAI/Kimi-K2#118).
+    proxy = messages_proxy(proxy_factory, upstream, provider="kimi")
+    deferred = {**CALCULATOR, "name": "mcp__db__query", "defer_loading": True}
+    history = [
+        {"role": "user", "content": "find the db tool"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s",
+                                           "name": "ToolSearch", "input": {"query": "db"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s",
+                                      "content": [{"type": "tool_reference",
+                                                   "tool_name": "mcp__db__query"}]}]}]
+    assert post(proxy, {"tools": [CALCULATOR, deferred], "messages": history},
+                **{"anthropic-beta": BETAS}).status_code == 200
+    sent = upstream.requests[0]
+    assert sent["messages"][2]["content"][0]["content"] == [
+        {"type": "text", "text": "Tool mcp__db__query is now available."}]
+    assert sent["tools"] == [CALCULATOR, {k: v for k, v in deferred.items()
+                                          if k != "defer_loading"}]
+    assert upstream.headers[0]["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+    assert upstream.headers[0]["authorization"] == f"Bearer {UPSTREAM_KEY}"
+
+
+def test_zai_under_the_tool_search_beta_sees_only_the_loaded_tools(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # With `advanced-tool-use-2025-11-20` Z.AI defers every tool, even those without
+    # defer_loading (zai-org/feedback#172): the glm profile sends neither the beta nor
+    # defer_loading, and leaves out the deferred tools nothing has loaded.
+    proxy = messages_proxy(proxy_factory, upstream, provider="glm")
+    deferred = {**CALCULATOR, "name": "mcp__db__query", "defer_loading": True}
+    search_tool = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}
+    assert post(proxy, {"tools": [CALCULATOR, deferred, search_tool]},
+                **{"anthropic-beta": BETAS}).status_code == 200
+    assert upstream.requests[0]["tools"] == [CALCULATOR]
+    assert "advanced-tool-use" not in upstream.headers[0].get("anthropic-beta", "")
+
+
+def test_claude_codes_billing_header_block_and_newer_fields_are_left_out(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="glm")
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332; cch=0;"},
+              {"type": "text", "text": "You are Claude Code.",
+               "cache_control": {"type": "ephemeral", "scope": "global"}}]
+    assert post(proxy, {"system": system, "speed": "fast",
+                        "context_management": {"edits": []},
+                        "thinking": {"type": "adaptive", "display": "summarized"},
+                        "output_config": {"effort": "high",
+                                          "task_budget": {"type": "tokens", "total": 9}}},
+                ).status_code == 200
+    sent = upstream.requests[0]
+    assert sent["system"] == [{"type": "text", "text": "You are Claude Code.",
+                               "cache_control": {"type": "ephemeral"}}]
+    assert sent["thinking"] == {"type": "adaptive"}
+    assert sent["output_config"] == {"effort": "high"}
+    assert "speed" not in sent and "context_management" not in sent
+
+
+# ---------------------------------------------------------------- thinking across providers
+
+
+def foreign_turn(signature: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Add them.", "signature": signature},
+                {"type": "text", "text": "5"}]},
+            {"role": "user", "content": "and 4+4?"}]
+
+
+OTHER_ORIGIN = SIGNER.sign("Add them.", [{"type": "anthropic_signature", "signature": "OTHER"}],
+                           origin=Origin("another", "other-model", "k"))
+# A real Anthropic signature's shape (opaque base64), from a direct Claude session.
+ANTHROPIC_SIGNATURE = "EqQBCkYIBxgCKkDf0lPqz1XkSWxNVcHLhJV1dtR0oZ7cwN2OA=="
+
+
+@pytest.mark.parametrize("signature", [OTHER_ORIGIN, ANTHROPIC_SIGNATURE])
+def test_a_foreign_signature_is_never_replayed(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        signature: str) -> None:
+    proxy = messages_proxy(proxy_factory, upstream)
+    assert post(proxy, {"messages": foreign_turn(signature)}).status_code == 200
+    sent = upstream.requests[0]["messages"][1]["content"]
+    assert sent == [{"type": "text", "text": "5"}]
+    assert "OTHER" not in json.dumps(upstream.requests) and signature not in json.dumps(
+        upstream.requests)
+
+
+def test_kimi_gets_foreign_thinking_with_an_empty_signature(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # "some Anthropic-compatible APIs accept unsigned thinking only when it is sent with an
+    # empty signature ... Kimi/Moonshot" (anomalyco/opencode#44713).
+    proxy = messages_proxy(proxy_factory, upstream, provider="kimi")
+    assert post(proxy, {"messages": foreign_turn(OTHER_ORIGIN)}).status_code == 200
+    assert upstream.requests[0]["messages"][1]["content"] == [
+        {"type": "thinking", "thinking": "Add them.", "signature": ""},
+        {"type": "text", "text": "5"}]
+
+
+def test_a_signature_400_is_retried_once_without_the_foreign_thinking_and_remembered(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # Anthropic's wording (anthropics/claude-code#10627): a validator that checks what Kimi
+    # would take unsigned.
+    proxy = messages_proxy(proxy_factory, upstream, provider="kimi")
+    upstream.queue(anthropic_error(
+        400, "messages.1.content.0: Invalid `signature` in `thinking` block"))
+    first = post(proxy, {"messages": foreign_turn(OTHER_ORIGIN)})
+    assert first.status_code == 200, first.text
+    assert post(proxy, {"messages": foreign_turn(OTHER_ORIGIN)}).status_code == 200
+    thinking = [[block["type"] for block in body["messages"][1]["content"]]
+                for body in upstream.requests]
+    assert thinking == [["thinking", "text"], ["text"], ["text"]]
+
+
+def test_minimax_gets_its_own_thinking_back_on_every_turn(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # MiniMax returns signed thinking and takes it back verbatim (NousResearch/hermes-agent
+    # #85251); it thinks only when asked (adaptive), and not at all after the first turn
+    # (hermes-agent#75725): that answer comes through as the text it is.
+    proxy = messages_proxy(proxy_factory, upstream, provider="minimax")
+    upstream.queue(message_stream([
+        {"type": "thinking", "thinking": "Two plus three.", "signature": "MINIMAX-SIG"},
+        {"type": "text", "text": "5"}], model="big-upstream"))
+    first = stream(proxy, thinking={"type": "adaptive"})
+    upstream.queue(message_stream([{"type": "text", "text": "8"}], model="big-upstream"))
+    second = stream(proxy, thinking={"type": "adaptive"}, messages=[
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": "4+4?"}])
+    assert [block["type"] for block in first["content"]] == ["thinking", "text"]
+    assert second["content"] == [{"type": "text", "text": "8"}]
+    sent = upstream.requests[1]
+    assert sent["thinking"] == {"type": "adaptive"}
+    assert sent["messages"][1]["content"][0] == {
+        "type": "thinking", "thinking": "Two plus three.", "signature": "MINIMAX-SIG"}
+
+
+def test_deepseek_gets_thinking_in_its_own_values(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # thinking.type enabled|disabled, on by default (api-docs.deepseek.com/guides/
+    # thinking_mode.md; NousResearch/hermes-agent#15700).
+    proxy = messages_proxy(proxy_factory, upstream, provider="deepseek")
+    assert post(proxy, {"thinking": {"type": "adaptive"}, "max_tokens": 8000}).status_code == 200
+    assert post(proxy, {}).status_code == 200
+    assert [body["thinking"] for body in upstream.requests] == [
+        {"type": "enabled", "budget_tokens": 4000}, {"type": "disabled"}]
+
+
+# ---------------------------------------------------------------- usage
+
+
+def test_vllm_usage_without_cache_fields_is_filled_in(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # vLLM's /v1/messages usage has no cache keys at all (vllm-project/vllm#45079).
+    proxy = messages_proxy(proxy_factory, upstream, provider="vllm")
+    upstream.queue(message_stream([{"type": "text", "text": "ok"}],
+                                  usage={"input_tokens": 30, "output_tokens": 7}))
+    events = raw_events(proxy, {"model": "claude-opus-4-7", "max_tokens": 64, "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]})
+    assert events[-2]["usage"] == {"input_tokens": 30, "output_tokens": 7,
+                                   "cache_creation_input_tokens": 0,
+                                   "cache_read_input_tokens": 0}
+
+
+def test_an_input_count_of_zero_at_message_start_is_taken_from_message_delta(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # SGLang (sgl-project/sglang#20678) and MiniMax report input_tokens 0 at message_start,
+    # the real count in message_delta.
+    proxy = messages_proxy(proxy_factory, upstream, provider="vllm")
+    upstream.queue(message_stream(
+        [{"type": "text", "text": "ok"}],
+        start_usage={"input_tokens": 0, "output_tokens": 0},
+        usage={"input_tokens": 123, "output_tokens": 45, "cache_read_input_tokens": 100}))
+    message = stream(proxy)
+    assert message["usage"]["input_tokens"] == 123
+    assert message["usage"]["cache_read_input_tokens"] == 100
+    assert message["usage"]["output_tokens"] == 45

@@ -350,11 +350,15 @@ _ABOUT_A_FIELD = re.compile(r"argument|parameter|field|propert|not permitted|unr
                             re.IGNORECASE)
 
 
+_CORE = frozenset({"model", "messages", "max_tokens", "system", "tools", "stream"})
+"""Fields a refusal never takes away: without them there is no request."""
+
+
 def refused_fields(message: str, upstream: UpstreamRequest) -> list[str]:
-    """What a 400 refuses of what was sent: foreign thinking (a signature error), a beta
-    value or the header, a field it names; for Kimi's bare "Invalid request Error"
-    (MoonshotAI/Kimi-K2.5#5, farion1231/cc-switch#2941) every newer feature the request
-    carried, which is what such a 400 was seen to mean."""
+    """What a 400 refuses of what was sent: foreign thinking (a signature error), beta values
+    or the header, a newer nested field it names, a top-level field it names; for Kimi's bare
+    "Invalid request Error" (MoonshotAI/Kimi-K2.5#5, farion1231/cc-switch#2941) every newer
+    feature the request carried, which is what such a 400 was seen to mean."""
     body = upstream.body
     if _SIGNATURE.search(message) and "thinking" in message.lower() and _has_thinking(body):
         return [FOREIGN_THINKING]
@@ -364,15 +368,17 @@ def refused_fields(message: str, upstream: UpstreamRequest) -> list[str]:
         return named
     if betas and "anthropic-beta" in message.lower():
         return [BETAS]
+    present = _newer_features(body, betas)
+    if _GENERIC.match(message):
+        return present
     if not _ABOUT_A_FIELD.search(message):
         return []
-    fields = [name for name in body if name not in ("model", "messages", "max_tokens")
-              and re.search(rf"\b{re.escape(name)}\b", message)]
-    if fields:
-        return fields
-    present = _newer_features(body, betas)
-    return present if _GENERIC.match(message) else [
-        name for name in present if name.rsplit(".", 1)[-1] in message]
+    nested = [name for name in present if name != BETAS
+              and re.search(rf"\b{re.escape(name.rsplit('.', 1)[-1])}\b", message)]
+    if nested:
+        return nested
+    return [name for name in body if name not in _CORE
+            and re.search(rf"\b{re.escape(name)}\b", message)]
 
 
 def _has_thinking(body: dict[str, Any]) -> bool:
@@ -395,6 +401,11 @@ def _newer_features(body: dict[str, Any], betas: str) -> list[str]:
         found.append(REFERENCE)
     if _has_marker(body.get("system")) or _has_marker(body.get("messages")):
         found.append(SCOPE)
+    thinking, config = body.get("thinking"), body.get("output_config")
+    if isinstance(thinking, dict) and "display" in thinking:
+        found.append(DISPLAY)
+    if isinstance(config, dict) and "task_budget" in config:
+        found.append(TASK_BUDGET)
     return found
 
 
