@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +17,30 @@ import anthropic
 import httpx
 import pytest
 
-from claude_proxy.config.settings import load_settings
+from claude_proxy.cli.command_line import http_protocol
+from claude_proxy.config.file import load_config_file
+from claude_proxy.config.settings import Settings, load_settings
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
+from claude_proxy.server.app import create_app
 from claude_proxy.upstream.api import MESSAGES, api_for
-from tests.conftest import UPSTREAM_KEY, ProxyServer, clean_env
+from tests.conftest import (
+    UPSTREAM_KEY,
+    ProxyServer,
+    RecordingApp,
+    clean_env,
+    eventually,
+    serving,
+)
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
     anthropic_error,
+    bind_loopback,
+    chunk,
     message_reply,
     message_stream,
+    serve_in_thread,
+    stop_server,
 )
 from tests.sse_grammar import check_grammar, parse_sse
 
@@ -513,3 +527,108 @@ def test_an_input_count_of_zero_at_message_start_is_taken_from_message_delta(
     assert message["usage"]["input_tokens"] == 123
     assert message["usage"]["cache_read_input_tokens"] == 100
     assert message["usage"]["output_tokens"] == 45
+
+
+# ---------------------------------------------------------------- failover across APIs
+
+
+@pytest.fixture
+def two_apis(tmp_path: Path, upstream: ScriptedUpstream) -> Iterator[ProxyServer]:
+    """A proxy whose default route is a Messages upstream (the kimi profile) with a Chat
+    Completions one (deepseek) as its fallback, both played by the scripted upstream."""
+    path = tmp_path / "proxy.toml"
+    path.write_text(
+        f'[providers.anth]\napi = "messages"\nprovider = "kimi"\n'
+        f'openai_base_url = "{upstream.root_url}"\nopenai_api_key = "{UPSTREAM_KEY}"\n'
+        'big_model = "kimi-k2.5"\nmiddle_model = "kimi-k2.5"\nsmall_model = "kimi-k2.5"\n'
+        'max_retries = 0\n'
+        f'[providers.chat]\nprovider = "deepseek"\nopenai_base_url = "{upstream.base_url}"\n'
+        f'openai_api_key = "{UPSTREAM_KEY}"\nbig_model = "deepseek-v4-pro"\n'
+        'middle_model = "deepseek-v4-pro"\nsmall_model = "deepseek-v4-pro"\nmax_retries = 0\n'
+        '[router]\ndefault = ["anth,kimi-k2.5", "chat,deepseek-v4-pro"]\n')
+    settings = Settings(log_file=str(tmp_path / "proxy.log"), thinking_signature_secret=SECRET)
+    app = create_app(settings, config=load_config_file(path, settings))
+    sock = bind_loopback()
+    server, thread = serve_in_thread(RecordingApp(app), sock, http=http_protocol())
+    proxy = ProxyServer(f"http://127.0.0.1:{sock.getsockname()[1]}", settings, server, app,
+                        thread)
+    assert eventually(lambda: serving(proxy.url))
+    yield proxy
+    stop_server(server, thread)
+
+
+def test_failover_from_messages_to_chat_completions_and_back_in_one_conversation(
+        two_apis: ProxyServer, upstream: ScriptedUpstream) -> None:
+    proxy = two_apis
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": "2+3, then 4+4?"}]
+    upstream.queue(message_stream([
+        {"type": "thinking", "thinking": "Add 2 and 3.", "signature": "KIMI-SIG"},
+        {"type": "tool_use", "id": "toolu_k1", "name": "calculator", "input": {"a": 2, "b": 3}}],
+        stop_reason="tool_use", model="kimi-k2.5"))
+    first = stream(proxy, messages=conversation, tools=[CALCULATOR],
+                   thinking={"type": "adaptive"})
+    conversation += [{"role": "assistant", "content": first["content"]},
+                     {"role": "user", "content": [{"type": "tool_result",
+                                                   "tool_use_id": "toolu_k1", "content": "5"}]}]
+    # Turn 2: the Messages upstream is overloaded; the Chat Completions one answers.
+    upstream.queue(anthropic_error(529, "Overloaded", "overloaded_error"),
+                   Reply(events=[chunk({"reasoning_content": "Now 4 and 4."}),
+                                 chunk({"content": "5, and 4+4 is 8."}), chunk({}, "stop")]))
+    second = stream(proxy, messages=conversation, tools=[CALCULATOR],
+                    thinking={"type": "adaptive"})
+    assert [block["type"] for block in second["content"]] == ["thinking", "text"]
+    assert upstream.paths[1:] == ["/v1/messages", "/v1/chat/completions"]
+    chat = upstream.requests[2]
+    assert chat["model"] == "deepseek-v4-pro"
+    assistant, tool = chat["messages"][1], chat["messages"][2]
+    assert assistant["tool_calls"] == [{"id": "toolu_k1", "type": "function", "function": {
+        "name": "calculator", "arguments": json.dumps({"a": 2, "b": 3}, separators=(",", ":"))}}]
+    assert assistant["reasoning_content"] == "Add 2 and 3."  # passed back, as for any thinking
+    assert tool == {"role": "tool", "tool_call_id": "toolu_k1", "content": "5"}
+    assert "KIMI-SIG" not in json.dumps(chat)  # the Messages signature stays with its origin
+    # Turn 3: back on the Messages upstream, which gets its own signature back and the Chat
+    # upstream's thinking as Kimi takes unsigned thinking.
+    conversation += [{"role": "assistant", "content": second["content"]},
+                     {"role": "user", "content": "thanks"}]
+    upstream.queue(message_stream([{"type": "text", "text": "You're welcome."}]))
+    third = stream(proxy, messages=conversation, tools=[CALCULATOR],
+                   thinking={"type": "adaptive"})
+    assert third["content"] == [{"type": "text", "text": "You're welcome."}]
+    back = upstream.requests[3]["messages"]
+    assert back[1]["content"][0] == {"type": "thinking", "thinking": "Add 2 and 3.",
+                                     "signature": "KIMI-SIG"}
+    assert back[3]["content"][0] == {"type": "thinking", "thinking": "Now 4 and 4.",
+                                     "signature": ""}
+
+
+# ---------------------------------------------------------------- as a direct connection
+
+
+def test_the_sdks_stream_through_the_proxy_equals_a_direct_connection(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    """Where the proxy changes nothing (the generic profile, no foreign thinking), the anthropic
+    SDK's message is the one it gets from the endpoint itself, but for what the proxy owns:
+    the message id, the client's model name, its signed envelope as the signature."""
+    proxy = messages_proxy(proxy_factory, upstream)
+    blocks = [{"type": "thinking", "thinking": "Multiply, then add.", "signature": "UP-SIG"},
+              {"type": "text", "text": "Let me compute that: "},
+              {"type": "tool_use", "id": "toolu_same", "name": "calculator",
+               "input": {"a": 6, "b": 7}}]
+    request: dict[str, Any] = {
+        "model": "claude-opus-4-7", "max_tokens": 2048, "tools": [CALCULATOR],
+        "thinking": {"type": "adaptive"}, "messages": [{"role": "user", "content": "6*7+1?"}]}
+    answers = []
+    for base_url in (upstream.root_url, proxy.url):
+        upstream.queue(message_stream(blocks, model="claude-opus-4-7", stop_reason="tool_use",
+                                      pieces=3))
+        client = anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0)
+        with client.messages.stream(**request) as answer:
+            answers.append(answer.get_final_message().model_dump(exclude_none=True))
+    direct, proxied = answers
+    assert SIGNER.verify("Multiply, then add.", proxied["content"][0]["signature"]) is not None
+    for message in answers:
+        del message["id"]
+        message["content"][0]["signature"] = "-"
+    assert proxied == direct
+    assert upstream.requests[0] == {**upstream.requests[1], "model": "claude-opus-4-7",
+                                    "stream": True}
