@@ -42,6 +42,7 @@ from tests.scripted_upstream import (
     serve_in_thread,
     stop_server,
 )
+from tests.search_backend import SearchBackendServer
 from tests.sse_grammar import check_grammar, parse_sse
 
 SECRET = "messages-upstream-secret"
@@ -632,3 +633,78 @@ def test_the_sdks_stream_through_the_proxy_equals_a_direct_connection(
     assert proxied == direct
     assert upstream.requests[0] == {**upstream.requests[1], "model": "claude-opus-4-7",
                                     "stream": True}
+
+
+# ---------------------------------------------------------------- real Claude Code
+
+
+def messages_bash_loop(body: dict[str, Any]) -> Reply:
+    """Claude Code's tool loop in Messages form: thinking and a Bash call, then, once the
+    tool result is back (with the thinking and its own signature), an answer quoting it."""
+    last = body["messages"][-1]
+    results = [block for block in last["content"] if isinstance(block, dict)
+               and block.get("type") == "tool_result"] if isinstance(last["content"], list) else []
+    if not results:
+        return message_stream([
+            {"type": "thinking", "thinking": "I need to run echo first.", "signature": "CC-SIG"},
+            {"type": "tool_use", "id": "toolu_cc_1", "name": "Bash",
+             "input": {"command": "echo hi-from-tool", "description": "Print a greeting"}}],
+            stop_reason="tool_use", model=body["model"])
+    replayed = body["messages"][-2]["content"][0]
+    if replayed != {"type": "thinking", "thinking": "I need to run echo first.",
+                    "signature": "CC-SIG"}:
+        return anthropic_error(400, "messages.1.content.0: Invalid `signature` in `thinking` "
+                               "block")
+    output = results[0]["content"]
+    text = output if isinstance(output, str) else output[0]["text"]
+    return message_stream([{"type": "text", "text": "The command printed: "
+                            + text.splitlines()[0]}], model=body["model"])
+
+
+@pytest.mark.claude_code
+def test_claude_code_runs_its_tool_loop_on_a_messages_upstream(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    from tests.test_claude_code import CLAUDE_BIN, blocks, run_claude
+    if not CLAUDE_BIN.exists():
+        pytest.skip("Claude Code not installed (make test installs it)")
+    proxy = messages_proxy(proxy_factory, upstream, provider="kimi")
+    upstream.responder = messages_bash_loop
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)")
+    assert [t["thinking"] for t in blocks(lines, "thinking")] == ["I need to run echo first."]
+    assert [(t["id"], t["name"]) for t in blocks(lines, "tool_use")] == [("toolu_cc_1", "Bash")]
+    assert lines[-1]["result"] == "The command printed: hi-from-tool"
+    assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2
+    assert all(path == "/v1/messages" for path in upstream.paths)
+    first = upstream.requests[0]
+    assert first["model"] == "middle-upstream"
+    assert "x-anthropic-billing-header" not in json.dumps(first["system"])
+    betas = {value for headers in upstream.headers
+             for value in headers.get("anthropic-beta", "").split(",") if value}
+    assert betas <= {"interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14"}
+
+
+# ---------------------------------------------------------------- web search
+
+
+def test_web_search_on_a_messages_upstream_uses_the_backend(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        search_backend: SearchBackendServer) -> None:
+    """GLM's chat API has a native search switch; its Messages API gets the emulated search
+    (the backend's results, then the upstream's summary), never the chat switch."""
+    from tests.test_web_search import QUERY, SUMMARY, side_query
+    proxy = messages_proxy(proxy_factory, upstream, provider="glm", web_search="native",
+                           web_search_backend="searxng", web_search_url=search_backend.url,
+                           max_retries=0)
+    upstream.queue(message_reply([{"type": "text", "text": SUMMARY}]))
+    response = httpx.post(f"{proxy.url}/v1/messages", json={**side_query(), "stream": False},
+                          timeout=30)
+    assert response.status_code == 200, response.text
+    content = response.json()["content"]
+    assert [block["type"] for block in content] == [
+        "server_tool_use", "web_search_tool_result", "text"]
+    assert content[2]["text"] == SUMMARY
+    assert [seen.query for seen in search_backend.requests] == [QUERY]
+    assert upstream.paths == ["/v1/messages"]
+    sent = json.dumps(upstream.requests[0])
+    assert "web_search_2" not in sent and '"search_result"' not in sent
