@@ -708,3 +708,24 @@ def test_web_search_on_a_messages_upstream_uses_the_backend(
     assert upstream.paths == ["/v1/messages"]
     sent = json.dumps(upstream.requests[0])
     assert "web_search_2" not in sent and '"search_result"' not in sent
+
+
+def test_deepseeks_refusal_of_a_forced_tool_choice_while_thinking_is_learned(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # 400 "Thinking mode does not support this tool_choice" (maximhq/bifrost#5177).
+    proxy = messages_proxy(proxy_factory, upstream, provider="deepseek")
+    upstream.queue(anthropic_error(400, "Thinking mode does not support this tool_choice"))
+    forced = {"tools": [CALCULATOR], "tool_choice": {"type": "tool", "name": "calculator"},
+              "thinking": {"type": "enabled", "budget_tokens": 2048}}
+    assert post(proxy, forced).status_code == 200
+    assert ["tool_choice" in body for body in upstream.requests] == [True, False]
+    assert all(body["tools"] == [CALCULATOR] for body in upstream.requests)
+
+
+def test_claude_codes_user_id_is_hashed(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="minimax")
+    user_id = "user_abc_account_123_session_456"
+    assert post(proxy, {"metadata": {"user_id": user_id}}).status_code == 200
+    sent = upstream.requests[0]["metadata"]["user_id"]
+    assert sent.startswith("user-") and user_id not in json.dumps(upstream.requests)

@@ -42,7 +42,7 @@ from claude_proxy.conversion.deltas import (
 )
 from claude_proxy.conversion.messages import is_billing_header, tool_reference_text
 from claude_proxy.conversion.reasoning import OpaqueFor
-from claude_proxy.conversion.request_converter import UpstreamRequest
+from claude_proxy.conversion.request_converter import UpstreamRequest, anonymous_user
 from claude_proxy.conversion.tools import is_server_tool, referenced_tool_names
 from claude_proxy.upstream.wire import Wire
 
@@ -180,6 +180,11 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *, mode
     body = {name: value for name, value in request.items()
             if (profile.fields is None or name in profile.fields) and not refuses(name)}
     body["model"] = model
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        # Claude Code's user_id names a device, an account and a session: hashed, as for
+        # every upstream.
+        body["metadata"] = {**metadata, "user_id": anonymous_user(metadata["user_id"])}
     if BILLING in strip and isinstance(body.get("system"), list):
         body["system"] = [block for block in body["system"] if not is_billing_header(block)]
     foreign: ForeignThinking = "drop" if refuses(FOREIGN_THINKING) else profile.foreign_thinking
@@ -309,34 +314,43 @@ def _sanitise_settings(body: dict[str, Any], profile: MessagesProfile,
 
 def _strip_markers(body: dict[str, Any], *, whole: bool) -> None:
     """`cache_control.scope` (Claude Code's global cache scope) out of every breakpoint, or
-    (`whole`) every breakpoint, in copies: the client's body is left as it was."""
-    for key in ("system", "messages", "tools"):
-        value = body.get(key)
-        if isinstance(value, list) and _has_marker(value, whole):
-            body[key] = _unmarked(value, whole)
+    (`whole`) every breakpoint, in copies: the client's body is left as it was. Breakpoints
+    sit on system blocks, tools, content blocks and the blocks of a tool result."""
+    for key in ("system", "tools"):
+        if isinstance(body.get(key), list) and _has_marker(body[key], whole):
+            body[key] = [_unmarked(block, whole) for block in body[key]]
+    messages = body.get("messages") or []
+    if any(_has_marker(message.get("content"), whole) for message in messages):
+        body["messages"] = [{**message, "content": [_unmarked(block, whole)
+                                                    for block in message["content"]]}
+                            if isinstance(message.get("content"), list) else message
+                            for message in messages]
 
 
-def _has_marker(value: Any, whole: bool = False) -> bool:
-    if isinstance(value, dict):
-        marker = value.get("cache_control")
-        if isinstance(marker, dict) and (whole or "scope" in marker):
-            return True
-        return any(_has_marker(item, whole) for item in value.values()
-                   if isinstance(item, list | dict))
-    if isinstance(value, list):
-        return any(_has_marker(item, whole) for item in value)
-    return False
+def _marked(block: Any, whole: bool) -> bool:
+    marker = block.get("cache_control") if isinstance(block, dict) else None
+    return isinstance(marker, dict) and (whole or "scope" in marker)
 
 
-def _unmarked(value: Any, whole: bool) -> Any:
-    if isinstance(value, list):
-        return [_unmarked(item, whole) for item in value]
-    if not isinstance(value, dict):
-        return value
-    copy = {key: _unmarked(item, whole) for key, item in value.items() if key != "cache_control"}
-    marker = value.get("cache_control")
+def _has_marker(blocks: Any, whole: bool = False) -> bool:
+    """Whether a list of blocks (system, tools, a message's content) has a breakpoint with a
+    scope (`whole`: any breakpoint), a tool result's own blocks included."""
+    if not isinstance(blocks, list):
+        return False
+    return any(_marked(block, whole) or (isinstance(block, dict) and isinstance(
+        block.get("content"), list) and any(_marked(inner, whole) for inner in block["content"]))
+        for block in blocks)
+
+
+def _unmarked(block: Any, whole: bool) -> Any:
+    if not isinstance(block, dict):
+        return block
+    copy = {key: value for key, value in block.items() if key != "cache_control"}
+    marker = block.get("cache_control")
     if isinstance(marker, dict) and not whole:
         copy["cache_control"] = {k: v for k, v in marker.items() if k != "scope"}
+    if isinstance(block.get("content"), list):
+        copy["content"] = [_unmarked(inner, whole) for inner in block["content"]]
     return copy
 
 
@@ -346,7 +360,7 @@ _SIGNATURE = re.compile(r"signature", re.IGNORECASE)
 _BETA_VALUE = re.compile(r"[a-z][a-z0-9-]*-20\d\d-\d\d-\d\d")
 _GENERIC = re.compile(r"^\s*invalid request( error)?\.?\s*$", re.IGNORECASE)
 _ABOUT_A_FIELD = re.compile(r"argument|parameter|field|propert|not permitted|unrecognized|"
-                            r"unknown|extra|unsupported|not supported|invalid|unexpected",
+                            r"unknown|extra|unsupported|not support|invalid|unexpected",
                             re.IGNORECASE)
 
 
@@ -399,7 +413,8 @@ def _newer_features(body: dict[str, Any], betas: str) -> list[str]:
         found.append(SERVER_TOOLS)
     if referenced_tool_names(body.get("messages") or []):
         found.append(REFERENCE)
-    if _has_marker(body.get("system")) or _has_marker(body.get("messages")):
+    if _has_marker(body.get("system")) or any(
+            _has_marker(message.get("content")) for message in body.get("messages") or []):
         found.append(SCOPE)
     thinking, config = body.get("thinking"), body.get("output_config")
     if isinstance(thinking, dict) and "display" in thinking:
