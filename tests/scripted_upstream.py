@@ -225,7 +225,8 @@ MESSAGE_USAGE = {"input_tokens": 12, "output_tokens": 5, "cache_creation_input_t
 def message_events(blocks: list[dict[str, Any]], *, model: str = "scripted",
                    stop_reason: str = "end_turn", usage: dict[str, Any] | None = None,
                    start_usage: dict[str, Any] | None = None, message_id: str = "msg_up",
-                   pieces: int = 2) -> list[str | dict[str, Any]]:
+                   pieces: int = 2, stop_sequence: str | None = None,
+                   ) -> list[str | dict[str, Any]]:
     """The events of a Messages stream with these content blocks, as Anthropic's API sends
     them: `message_start` (usage with the input), each block as start, deltas (text and
     JSON cut in `pieces`, a thinking block's `signature_delta` last) and stop, then
@@ -260,7 +261,7 @@ def message_events(blocks: list[dict[str, Any]], *, model: str = "scripted",
                        for piece in _cut(json.dumps(block["input"]), pieces)]
         events.append({"type": "content_block_stop", "index": index})
     events.append({"type": "message_delta",
-                   "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                   "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                    "usage": usage})
     events.append({"type": "message_stop"})
     return events

@@ -729,3 +729,58 @@ def test_claude_codes_user_id_is_hashed(
     assert post(proxy, {"metadata": {"user_id": user_id}}).status_code == 200
     sent = upstream.requests[0]["metadata"]["user_id"]
     assert sent.startswith("user-") and user_id not in json.dumps(upstream.requests)
+
+
+def test_stop_sequences_go_upstream_and_its_stop_comes_back(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="vllm")
+    upstream.queue(message_stream([{"type": "text", "text": "one two "}],
+                                  stop_reason="stop_sequence", stop_sequence="THREE"))
+    message = stream(proxy, stop_sequences=["THREE"])
+    assert upstream.requests[0]["stop_sequences"] == ["THREE"]
+    assert message["content"] == [{"type": "text", "text": "one two "}]
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "THREE")
+
+
+def test_redacted_thinking_goes_back_to_its_endpoint_whole(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream)
+    upstream.queue(Reply(events=[
+        {"type": "message_start", "message": {
+            "id": "m", "type": "message", "role": "assistant", "model": "big-upstream",
+            "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {
+            "type": "thinking", "thinking": "", "signature": ""}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "thinking_delta", "thinking": "Visible part."}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "signature_delta", "signature": "SIG-A"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {
+            "type": "redacted_thinking", "data": "ENCRYPTED-B"}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "text",
+                                                                      "text": "Done."}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+         "usage": {"output_tokens": 9}},
+        {"type": "message_stop"}], named=True, done=False))
+    first = stream(proxy, thinking={"type": "adaptive"})
+    assert [block["type"] for block in first["content"]] == ["thinking", "text"]
+    assert "ENCRYPTED-B" not in json.dumps(first)  # inside the signed envelope only
+    stream(proxy, thinking={"type": "adaptive"}, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": "more"}])
+    assert upstream.requests[1]["messages"][1]["content"] == [
+        {"type": "thinking", "thinking": "Visible part.", "signature": "SIG-A"},
+        {"type": "redacted_thinking", "data": "ENCRYPTED-B"},
+        {"type": "text", "text": "Done."}]
+
+
+def test_prompt_cache_off_sends_no_breakpoints(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="vllm", prompt_cache="off")
+    marked = {"type": "text", "text": "long prefix", "cache_control": {"type": "ephemeral"}}
+    assert post(proxy, {"system": [marked], "messages": [
+        {"role": "user", "content": [marked]}]}).status_code == 200
+    assert "cache_control" not in json.dumps(upstream.requests[0])

@@ -193,7 +193,7 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *, mode
     if "tools" in body:
         _sanitise_tools(body, request, strip)
     _sanitise_settings(body, profile, strip)
-    if refuses(CACHE):
+    if refuses(CACHE) or settings.prompt_cache == "off":
         _strip_markers(body, whole=True)
     elif SCOPE in strip:
         _strip_markers(body, whole=False)
@@ -239,11 +239,15 @@ def _thinking(block: Block, opaque_for: OpaqueFor, foreign: ForeignThinking) -> 
     """A thinking block as this endpoint takes it: with its own signature when it minted it,
     else per the profile (`foreign`)."""
     items = opaque_for(block) if block.get("type") == "thinking" else []
-    for item in items:
+    own: list[Block] = []
+    for item in items:  # in the order the upstream sent them (one block of ours may hold
+        # a thinking block and the redacted ones after it)
         if item.get("type") == REDACTED:
-            return [{"type": "redacted_thinking", "data": item.get("data", "")}]
-        if item.get("type") == SIGNATURE:
-            return [{**block, "signature": item.get("signature", "")}]
+            own.append({"type": "redacted_thinking", "data": item.get("data", "")})
+        elif item.get("type") == SIGNATURE and not any(b["type"] == "thinking" for b in own):
+            own.append({**block, "signature": item.get("signature", "")})
+    if own:
+        return own
     text = block.get("thinking")
     if block.get("type") != "thinking" or not isinstance(text, str) or not text:
         return []
