@@ -784,3 +784,24 @@ def test_prompt_cache_off_sends_no_breakpoints(
     assert post(proxy, {"system": [marked], "messages": [
         {"role": "user", "content": [marked]}]}).status_code == 200
     assert "cache_control" not in json.dumps(upstream.requests[0])
+
+
+def test_the_typescript_sdks_stream_through_the_proxy_equals_a_direct_connection(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    from tests.test_js_clients import CLIENTS, NODE, run_client
+    if NODE is None or not (CLIENTS.parent / "node_modules" / "@anthropic-ai").is_dir():
+        pytest.skip("JS clients not installed (make test installs them into .cache/js)")
+    proxy = messages_proxy(proxy_factory, upstream)
+    blocks = [{"type": "text", "text": "Looking it up."},
+              {"type": "tool_use", "id": "toolu_ts", "name": "get_weather",
+               "input": {"city": "Paris"}}]
+    answers = []
+    for url in (upstream.root_url, proxy.url):
+        upstream.queue(message_stream(blocks, model="claude-sonnet-4-6", stop_reason="tool_use",
+                                      pieces=3))
+        answers.append(run_client(url, "ts-stream"))
+    direct, proxied = answers
+    for answer in answers:
+        del answer["message"]["id"]
+    assert proxied["message"] == direct["message"]
+    assert proxied["events"] == [kind for kind in direct["events"] if kind != "ping"]
