@@ -38,7 +38,7 @@ from claude_proxy.routing.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
 from claude_proxy.upstream import llamacpp
-from claude_proxy.upstream.api import CHAT, Build, api_for, api_of
+from claude_proxy.upstream.api import Build, api_for, api_of
 from claude_proxy.upstream.capabilities import REASONING
 from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
@@ -235,8 +235,8 @@ class MessagesService:
         record = current_record()  # for the dashboard's inspector (kept by reference)
         record.client_body, record.upstream_body = body, upstream.body
         record.added = upstream.extras
-        logger.debug("upstream request model=%s%s extra_json: %s", model,
-                     "" if api is CHAT else f" api={api.name}", upstream.extras)
+        logger.debug("upstream request model=%s%s extra_json: %s", model, api.label,
+                     upstream.extras)
         return upstream
 
     def converter(self, body: dict[str, Any], attempt: Attempt) -> StreamConverter:

@@ -59,6 +59,8 @@ class UpstreamAPI(Protocol):
     """One upstream API. `name` is what logs, the inspector and feature tables call it."""
 
     name: str
+    label: str
+    """How the DEBUG line of each upstream request names it (empty for the default API)."""
     path: str
     """Appended to the provider's base URL (Azure's /responses excepted: see its `endpoint`)."""
     wire: Wire
@@ -106,6 +108,7 @@ class ChatCompletions:
     """OpenAI-compatible `/chat/completions`: every provider's default."""
 
     name = "chat"
+    label = ""
     path = "/chat/completions"
     wire = CHAT_WIRE
 
@@ -157,6 +160,7 @@ class Responses:
     RESPONSES_API=false): their reasoning comes back only here."""
 
     name = "responses"
+    label = " api=responses"
     path = "/responses"
     wire = responses.WIRE
 
@@ -199,6 +203,7 @@ class Messages:
     request sanitised for the endpoint's profile (upstream/messages.py)."""
 
     name = "messages"
+    label = " api=messages"
     path = messages.PATH
     wire = messages.WIRE
 
