@@ -805,3 +805,15 @@ def test_the_typescript_sdks_stream_through_the_proxy_equals_a_direct_connection
         del answer["message"]["id"]
     assert proxied["message"] == direct["message"]
     assert proxied["events"] == [kind for kind in direct["events"] if kind != "ping"]
+
+
+def test_max_tokens_is_clamped_to_the_providers_limit_when_one_is_set(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="deepseek",
+                           provider_max_output_tokens=8192)
+    assert post(proxy, {"max_tokens": 64000,
+                        "thinking": {"type": "enabled", "budget_tokens": 32000}}
+                ).status_code == 200
+    sent = upstream.requests[0]
+    assert (sent["max_tokens"], sent["thinking"]) == (
+        8192, {"type": "enabled", "budget_tokens": 4096})

@@ -193,6 +193,7 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *, mode
     if "tools" in body:
         _sanitise_tools(body, request, strip)
     _sanitise_settings(body, profile, strip)
+    _clamp_output(body, settings.provider_max_output_tokens)
     if refuses(CACHE) or settings.prompt_cache == "off":
         _strip_markers(body, whole=True)
     elif SCOPE in strip:
@@ -314,6 +315,19 @@ def _sanitise_settings(body: dict[str, Any], profile: MessagesProfile,
             body["output_config"] = config
         else:
             body.pop("output_config")
+
+
+def _clamp_output(body: dict[str, Any], limit: int | None) -> None:
+    """`max_tokens` down to PROVIDER_MAX_OUTPUT_TOKENS when that is set, a thinking budget
+    kept below it (the Messages API refuses a budget that is not)."""
+    requested = body.get("max_tokens")
+    if not limit or not isinstance(requested, int) or requested <= limit:
+        return
+    body["max_tokens"] = limit
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and (
+            thinking["budget_tokens"] >= limit):
+        body["thinking"] = {**thinking, "budget_tokens": max(1024, limit // 2)}
 
 
 def _strip_markers(body: dict[str, Any], *, whole: bool) -> None:
