@@ -817,3 +817,24 @@ def test_max_tokens_is_clamped_to_the_providers_limit_when_one_is_set(
     sent = upstream.requests[0]
     assert (sent["max_tokens"], sent["thinking"]) == (
         8192, {"type": "enabled", "budget_tokens": 4096})
+
+
+def test_an_unsigned_thinking_block_goes_back_to_its_endpoint_unsigned(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # DeepSeek's streamed thinking blocks may come without a signature (QuantumNous/new-api
+    # #4762); its thinking must come back on a tool-use turn or it answers 400 "The
+    # `content[].thinking` in the thinking mode must be passed back to the API."
+    # (OEvortex/aether#31). The glm profile would drop a foreign block: this one is its own.
+    proxy = messages_proxy(proxy_factory, upstream, provider="glm")
+    upstream.queue(message_stream([
+        {"type": "thinking", "thinking": "Call the tool.", "signature": None},
+        {"type": "tool_use", "id": "toolu_u", "name": "calculator", "input": {"a": 1, "b": 1}}],
+        stop_reason="tool_use"))
+    first = stream(proxy, thinking={"type": "adaptive"}, tools=[CALCULATOR])
+    upstream.queue(message_stream([{"type": "text", "text": "2"}]))
+    stream(proxy, thinking={"type": "adaptive"}, tools=[CALCULATOR], messages=[
+        {"role": "user", "content": "1+1"}, {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_u",
+                                      "content": "2"}]}])
+    assert upstream.requests[1]["messages"][1]["content"][0] == {
+        "type": "thinking", "thinking": "Call the tool.", "signature": ""}

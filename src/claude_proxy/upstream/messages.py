@@ -497,6 +497,8 @@ class MessagesParser:
 
     usage: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
+    _unsigned: int | None = None
+    """The index of a thinking block that has had no signature yet."""
 
     def parse(self, event: Event) -> list[Delta]:
         kind = event.get("type")
@@ -504,6 +506,8 @@ class MessagesParser:
             return self._delta(event)
         if kind == "content_block_start":
             return self._start(event)
+        if kind == "content_block_stop":
+            return self._stop(event)
         if kind == "message_delta":
             return self._message_delta(event)
         if kind == "message_start":
@@ -530,6 +534,8 @@ class MessagesParser:
             if block.get("signature"):
                 deltas.append(OpaqueReasoning({"type": SIGNATURE,
                                                "signature": block["signature"]}))
+            else:
+                self._unsigned = index
             return deltas
         if kind == "redacted_thinking":
             return [OpaqueReasoning({"type": REDACTED, "data": block.get("data", "")})]
@@ -548,8 +554,17 @@ class MessagesParser:
         if kind == "thinking_delta":
             return [ReasoningText(delta["thinking"])] if delta.get("thinking") else []
         if kind == "signature_delta":
+            self._unsigned = None
             return [OpaqueReasoning({"type": SIGNATURE, "signature": delta.get("signature")})]
         return []
+
+    def _stop(self, event: Event) -> list[Delta]:
+        """A thinking block that ended unsigned (DeepSeek's streams, QuantumNous/new-api
+        #4762) is still this endpoint's own: it goes back to it with `signature: ""`."""
+        if self._unsigned is None or event.get("index", 0) != self._unsigned:
+            return []
+        self._unsigned = None
+        return [OpaqueReasoning({"type": SIGNATURE, "signature": ""})]
 
     def _message_delta(self, event: Event) -> list[Delta]:
         deltas = self._usage(event.get("usage"))
