@@ -90,6 +90,11 @@ def json_response(n: int) -> bytes:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": TOKEN * n},
                      "finish_reason": "stop"}],
         "usage": usage(n)})
+    return json_answer(body)
+
+
+def json_answer(body: bytes) -> bytes:
+    """A 200 answer with this JSON body."""
     head = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
             % len(body))
     return head + body
@@ -137,9 +142,7 @@ def message_json(n: int) -> bytes:
         "id": "msg_bench", "type": "message", "role": "assistant", "model": MODEL,
         "content": [{"type": "text", "text": TOKEN * n}], "stop_reason": "end_turn",
         "stop_sequence": None, "usage": message_usage(n)})
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-            % len(body))
-    return head + body
+    return json_answer(body)
 
 
 @dataclass(frozen=True)
