@@ -838,3 +838,35 @@ def test_an_unsigned_thinking_block_goes_back_to_its_endpoint_unsigned(
                                       "content": "2"}]}])
     assert upstream.requests[1]["messages"][1]["content"][0] == {
         "type": "thinking", "thinking": "Call the tool.", "signature": ""}
+
+
+def failing_over_loop(body: dict[str, Any]) -> Reply:
+    """Claude Code's tool loop across two APIs: the Messages upstream asks for Bash, then is
+    overloaded; the Chat Completions upstream answers from the tool's output."""
+    if any(message["role"] == "tool" for message in body["messages"]):
+        output = next(m["content"] for m in body["messages"] if m["role"] == "tool")
+        return Reply(events=[chunk({"role": "assistant", "content": "It printed: "}),
+                             chunk({"content": output.splitlines()[0]}), chunk({}, "stop")])
+    last = body["messages"][-1]
+    if isinstance(last["content"], list) and any(
+            block.get("type") == "tool_result" for block in last["content"]):
+        return anthropic_error(529, "Overloaded", "overloaded_error")
+    return messages_bash_loop(body)
+
+
+@pytest.mark.claude_code
+def test_claude_code_fails_over_from_a_messages_upstream_to_chat_completions(
+        tmp_path: Path, two_apis: ProxyServer, upstream: ScriptedUpstream) -> None:
+    from tests.test_claude_code import CLAUDE_BIN, blocks, run_claude
+    if not CLAUDE_BIN.exists():
+        pytest.skip("Claude Code not installed (make test installs it)")
+    upstream.responder = failing_over_loop
+    lines = run_claude(tmp_path, two_apis, "run the echo", "--allowedTools", "Bash(echo:*)")
+    assert [t["thinking"] for t in blocks(lines, "thinking")] == ["I need to run echo first."]
+    assert lines[-1]["result"] == "It printed: hi-from-tool"
+    assert lines[-1]["is_error"] is False
+    assert upstream.paths == ["/v1/messages", "/v1/messages", "/v1/chat/completions"]
+    chat = upstream.requests[2]
+    assert chat["messages"][-2]["tool_calls"][0]["id"] == "toolu_cc_1"
+    assert chat["messages"][-2]["reasoning_content"] == "I need to run echo first."
+    assert "CC-SIG" not in json.dumps(chat)
