@@ -3,9 +3,9 @@ endpoint takes, the request as the client sent it minus what the endpoint refuse
 and its event stream parsed into the proxy's one delta model.
 
 DeepSeek, Kimi/Moonshot, GLM/Z.AI, MiniMax, DashScope and the local servers (vLLM, SGLang,
-llama-server, Ollama) answer the Messages API themselves, each with its own faults
-(/tmp/research/messages-upstreams.md collects them with their sources; docs/providers-messages.md
-is the user's page). The request is the client's body, sanitised per profile
+llama-server, Ollama) answer the Messages API themselves, each with its own faults (their
+sources are beside each profile below and in tests/test_messages_upstream.py; the user's page
+is docs/messages-upstreams.md). The request is the client's body, sanitised per profile
 (`MESSAGES_PROFILES`): top-level fields outside the profile's list are left out, and so are
 `anthropic-beta` values outside its allow-list, the newer nested fields (`cache_control.scope`,
 `defer_loading` / `tool_reference`, `input_examples`, `output_config.task_budget`,
