@@ -870,3 +870,28 @@ def test_claude_code_fails_over_from_a_messages_upstream_to_chat_completions(
     assert chat["messages"][-2]["tool_calls"][0]["id"] == "toolu_cc_1"
     assert chat["messages"][-2]["reasoning_content"] == "I need to run echo first."
     assert "CC-SIG" not in json.dumps(chat)
+
+
+def test_the_advisor_tool_and_its_beta_stay_with_anthropic(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # Claude Code's `advisor-tool-2026-03-01` beta is refused by other endpoints with a 400
+    # (anthropics/claude-code#70563); the tool is `advisor_20260301` and its result block
+    # `advisor_tool_result` (platform.claude.com/docs/en/agents-and-tools/tool-use/advisor-tool).
+    proxy = messages_proxy(proxy_factory, upstream, provider="minimax")
+    advisor = {"type": "advisor_20260301", "name": "advisor", "model": "claude-opus-4-7"}
+    history = [
+        {"role": "user", "content": "plan the refactor"},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "advisor", "input": {}},
+            {"type": "advisor_tool_result", "tool_use_id": "srvtoolu_1",
+             "content": {"type": "advisor_result", "text": "Split the module first."}},
+            {"type": "text", "text": "I will split the module first."}]},
+        {"role": "user", "content": "go on"}]
+    assert post(proxy, {"tools": [CALCULATOR, advisor], "messages": history},
+                **{"anthropic-beta": "advisor-tool-2026-03-01"}).status_code == 200
+    sent = upstream.requests[0]
+    assert sent["tools"] == [CALCULATOR]
+    assert sent["messages"][1]["content"] == [
+        {"type": "text", "text": "Split the module first."},
+        {"type": "text", "text": "I will split the module first."}]
+    assert "anthropic-beta" not in upstream.headers[0]

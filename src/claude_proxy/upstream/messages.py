@@ -229,11 +229,28 @@ def _message(message: dict[str, Any], opaque_for: OpaqueFor, foreign: ForeignThi
             blocks.extend(_thinking(block, opaque_for, foreign))
         elif block.get("type") == "tool_result" and REFERENCE in strip:
             blocks.append(_without_references(block))
+        elif SERVER_TOOLS in strip and _is_server_block(block):
+            blocks.extend(_server_block_text(block))
         else:
             blocks.append(block)
     if not blocks:
         blocks = [{"type": "text", "text": "(thinking left out)"}]
     return {**message, "content": blocks}
+
+
+def _is_server_block(block: Block) -> bool:
+    """A server tool's call or result (`server_tool_use`, `advisor_tool_result`, ...): an
+    endpoint that runs no server tools knows neither."""
+    kind = str(block.get("type", ""))
+    return kind == "server_tool_use" or (kind.endswith("_tool_result") and kind != "tool_result")
+
+
+def _server_block_text(block: Block) -> list[Block]:
+    """What a server tool's result said, as text (the advisor's plan, which the answer after
+    it follows); its call, and results without text, are left out."""
+    content = block.get("content")
+    text = content.get("text") if isinstance(content, dict) else None
+    return [{"type": "text", "text": text}] if isinstance(text, str) and text else []
 
 
 def _thinking(block: Block, opaque_for: OpaqueFor, foreign: ForeignThinking) -> list[Block]:
