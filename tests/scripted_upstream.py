@@ -384,6 +384,7 @@ class ScriptedUpstream(LoopbackServer):
             Route("/v1/responses", self._handle, methods=["POST"]),
             Route("/openai/v1/responses", self._handle, methods=["POST"]),
             Route("/v1/messages", self._handle, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._handle, methods=["POST"]),
         ])
         self.paths: list[str] = []
 

@@ -895,3 +895,43 @@ def test_the_advisor_tool_and_its_beta_stay_with_anthropic(
         {"type": "text", "text": "Split the module first."},
         {"type": "text", "text": "I will split the module first."}]
     assert "anthropic-beta" not in upstream.headers[0]
+
+
+# ---------------------------------------------------------------- count_tokens
+
+
+def count(proxy: ProxyServer) -> httpx.Response:
+    return httpx.post(f"{proxy.url}/v1/messages/count_tokens", timeout=30, json={
+        "model": "claude-opus-4-7", "messages": [{"role": "user", "content": "count me"}],
+        "tools": [CALCULATOR]})
+
+
+def test_count_tokens_asks_an_endpoint_that_counts(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    # vLLM's answer (vllm-project/vllm#35588).
+    proxy = messages_proxy(proxy_factory, upstream, provider="vllm")
+    upstream.queue(Reply(body={"input_tokens": 11,
+                               "context_management": {"original_input_tokens": 11}}))
+    response = count(proxy)
+    assert response.json() == {"input_tokens": 11}
+    assert upstream.paths == ["/v1/messages/count_tokens"]
+    sent = upstream.requests[0]
+    assert sent["model"] == "big-upstream" and sent["tools"] == [CALCULATOR]
+    assert "max_tokens" not in sent and "stream" not in sent
+
+
+def test_count_tokens_falls_back_to_the_estimate_and_remembers_a_missing_endpoint(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="llamacpp", max_retries=0)
+    upstream.queue(anthropic_error(404, "Not Found", "not_found_error"))
+    first, second = count(proxy), count(proxy)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() and first.json()["input_tokens"] > 0
+    assert upstream.paths == ["/v1/messages/count_tokens"]  # asked once
+
+
+def test_count_tokens_of_an_endpoint_without_a_documented_count_is_the_proxys(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = messages_proxy(proxy_factory, upstream, provider="glm")
+    assert count(proxy).json()["input_tokens"] > 0
+    assert upstream.paths == []

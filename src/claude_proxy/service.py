@@ -329,6 +329,31 @@ class MessagesService:
         candidates = self.router.candidates(body, plain, self.sessions.previous(session))
         return self.measure(body, session, plain, exact=True)(candidates[0]).tokens
 
+    async def count_input(self, body: dict[str, Any], session: str | None) -> int:
+        """count_tokens: the upstream's own count where the API of the provider this request
+        would go to has one (a Messages endpoint that documents it), else `count_tokens`'s
+        estimate (also when that count fails)."""
+        plain = estimate_request_tokens(body)
+        candidate = self.router.candidates(body, plain, self.sessions.previous(session))[0]
+        counted = await self._counted_upstream(body, candidate)
+        if counted is not None:
+            return counted
+        return self.measure(body, session, plain, exact=True)(candidate).tokens
+
+    async def _counted_upstream(self, body: dict[str, Any], candidate: Candidate) -> int | None:
+        provider = self.providers[candidate.provider]
+        settings = self.settings_of(provider)
+        build = Build(candidate.model, provider.refusals,
+                      opaque_for=self.opaque_for(self.origin(provider, candidate.model)),
+                      betas=current_record().betas)
+        try:
+            return await api_for(candidate.model, settings).count_tokens(
+                provider.client, body, settings, build)
+        except ProxyError as error:
+            logger.info("provider %s could not count tokens (%d %s); using the estimate",
+                        provider.name, error.status, error.error_type)
+            return None
+
     async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
                              error: ProxyError, fit: preflight.Fit) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""

@@ -95,6 +95,18 @@ class UpstreamAPI(Protocol):
         """What of `upstream` a 400 refuses (names for `Refusals`); [] when it is not that."""
         ...
 
+    async def count_tokens(self, client: OpenAIClient, request: dict[str, Any],
+                           settings: ProviderSettings, build: Build) -> int | None:
+        """The upstream's own count of a count_tokens request's input, where this API has
+        one at this provider; None: the proxy counts itself. Failures raise ProxyError."""
+        ...
+
+
+async def no_count(client: OpenAIClient, request: dict[str, Any], settings: ProviderSettings,
+                   build: Build) -> int | None:
+    """count_tokens for an API without one (OpenAI's APIs have none)."""
+    return None
+
 
 def _refused_common(error: ProxyError, upstream: UpstreamRequest) -> list[str] | None:
     """The optional fields every OpenAI-format API may refuse; None when the error is no
@@ -142,6 +154,8 @@ class ChatCompletions:
 
     def events_of(self, answer: Chunk) -> Iterator[Chunk]:
         return chat_completions.buffered_chunks(answer)
+
+    count_tokens = staticmethod(no_count)
 
     def refused_fields(self, error: ProxyError, upstream: UpstreamRequest) -> list[str]:
         common = _refused_common(error, upstream)
@@ -191,6 +205,8 @@ class Responses:
     def events_of(self, answer: Chunk) -> Iterator[Chunk]:
         return responses.response_events(answer)
 
+    count_tokens = staticmethod(no_count)
+
     def refused_fields(self, error: ProxyError, upstream: UpstreamRequest) -> list[str]:
         common = _refused_common(error, upstream)
         if common is None or common:
@@ -234,6 +250,27 @@ class Messages:
         if error.status != 400:
             return []
         return messages.refused_fields(error.message, upstream)
+
+    async def count_tokens(self, client: OpenAIClient, request: dict[str, Any],
+                           settings: ProviderSettings, build: Build) -> int | None:
+        """The endpoint's `/v1/messages/count_tokens` where its profile has one; an endpoint
+        that answers it with 404, 405 or 501 is counted by the proxy from then on."""
+        def refuses(name: str) -> bool:
+            return build.refusals.refuses(build.model, name)
+
+        upstream = messages.count_request(request, settings, model=build.model,
+                                          refuses=refuses, opaque_for=build.opaque_for,
+                                          betas=build.betas)
+        if upstream is None:
+            return None
+        try:
+            answer = await client.count_message_tokens(upstream.body, upstream.headers)
+        except ProxyError as error:
+            if error.status in (404, 405, 501):
+                build.refusals.remember(build.model, messages.COUNT_TOKENS)
+            raise
+        counted = answer.get("input_tokens")
+        return counted if isinstance(counted, int) and counted >= 0 else None
 
 
 CHAT: UpstreamAPI = ChatCompletions()

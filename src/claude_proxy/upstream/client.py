@@ -244,6 +244,12 @@ class OpenAIClient:
         return await self._complete(self.messages_url, body, {}, self._messages_headers,
                                     headers)
 
+    async def count_message_tokens(self, body: dict[str, Any],
+                                   headers: Mapping[str, str]) -> Chunk:
+        """The endpoint's own `/v1/messages/count_tokens` answer (`{"input_tokens": N}`)."""
+        return await self._complete(self.messages_url + messages.COUNT_PATH, body, {},
+                                    self._messages_headers, headers)
+
     async def open_message_stream(self, body: dict[str, Any],
                                   headers: Mapping[str, str]) -> UpstreamStream:
         """A streaming Messages API answer, read up to its first event after `message_start`

@@ -90,6 +90,7 @@ request Error" (MoonshotAI/Kimi-K2.5#5) and Z.AI's tool list into deferred tools
 (zai-org/feedback#172)."""
 
 ForeignThinking = Literal["drop", "empty_signature", "text"]
+Refuses = Callable[[str], bool]
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,31 @@ MESSAGES_PROFILES: dict[str, MessagesProfile] = {
 }
 
 
+COUNTS_TOKENS = frozenset({"vllm", "llamacpp"})
+"""Profiles whose servers document `POST /v1/messages/count_tokens`: vLLM (vllm-project/vllm
+#35588), SGLang (which runs with the vllm profile; docs.sglang.io anthropic_api) and
+llama-server (its tools/server/README.md). Ollama documents none; the hosted endpoints'
+support is unverified, so they are counted by the proxy."""
+COUNT_PATH = "/count_tokens"
+COUNT_TOKENS = "count_tokens"
+"""The refusal name of an endpoint without a working count (404, 405, 501)."""
+
+
+def count_request(request: dict[str, Any], settings: ProviderSettings, *, model: str,
+                  refuses: Refuses = lambda name: False,
+                  opaque_for: OpaqueFor = lambda block: [],
+                  betas: str | None = None) -> UpstreamRequest | None:
+    """The count_tokens request for this endpoint (the Messages request without
+    `max_tokens` and `stream`), or None where the proxy counts itself."""
+    if settings.provider_name not in COUNTS_TOKENS or refuses(COUNT_TOKENS):
+        return None
+    upstream = convert_request({**request, "max_tokens": 1}, settings, model=model,
+                               refuses=refuses, opaque_for=opaque_for, betas=betas)
+    for name in ("max_tokens", "stream"):
+        upstream.body.pop(name, None)
+    return upstream
+
+
 def profile_of(settings: ProviderSettings) -> MessagesProfile:
     return MESSAGES_PROFILES.get(settings.provider_name, HOSTED)
 
@@ -163,8 +189,6 @@ def auth_headers(settings: ProviderSettings) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- request
-
-Refuses = Callable[[str], bool]
 
 
 def convert_request(request: dict[str, Any], settings: ProviderSettings, *, model: str,
