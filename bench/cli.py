@@ -21,6 +21,7 @@ from bench import count_tokens, report, scenarios, session
 from bench.client import (
     direct_target,
     floor_target,
+    messages_target,
     new_client,
     proxy_target,
     request_message,
@@ -152,10 +153,21 @@ def open_proxy(workdir: Path, upstream_url: str, workers: int,
 
 
 def make_bench(proxy: Managed, upstream: Managed, scale: float,
-               profiler: Profiler | None = None, floor: Managed | None = None) -> Bench:
+               profiler: Profiler | None = None, floor: Managed | None = None,
+               messages: Managed | None = None) -> Bench:
     return Bench(direct_target(upstream.url), proxy_target(proxy.url), upstream, proxy,
                  scale=scale, log=log, recorder=profiler.record if profiler else None,
-                 floor=floor_target(floor.url) if floor else None, floor_process=floor)
+                 floor=floor_target(floor.url) if floor else None, floor_process=floor,
+                 messages=messages_target(messages.url) if messages else None,
+                 messages_process=messages)
+
+
+def start_messages_proxy(workdir: Path, upstream_url: str, python: Path) -> Managed:
+    """The proxy in front of the same upstream's Messages API (`UPSTREAM_API=messages`, the
+    vllm profile: a hosted-style sanitised pass-through), run as users run it."""
+    return start_proxy(workdir, upstream_url.removesuffix("/v1"), python=python,
+                       name="messages", env={**AS_USERS_RUN_IT, "UPSTREAM_API": "messages",
+                                             "PROVIDER": "vllm"})
 
 
 async def compare_workers(workdir: Path, upstream: Managed, scale: float,
@@ -308,13 +320,15 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
     with upstream:
         proxy = open_proxy(workdir, upstream.url, args.workers, meta, python)
         floor = start_floor(workdir, upstream.url, python)
+        messages = start_messages_proxy(workdir, upstream.url, python)
         log(f"upstream pid {upstream.pid} at {upstream.url}; proxy pid {proxy.pid} at "
             f"{proxy.url} ({meta['workers']} worker(s)); floor pid {floor.pid}; "
+            f"messages proxy pid {messages.pid}; "
             f"{args.install} install ({meta['proxy_package']})")
-        with proxy, floor:
+        with proxy, floor, messages:
             if profiler is not None:
                 profiler.attach_to(proxy.pid)
-            bench = make_bench(proxy, upstream, args.scale, profiler, floor)
+            bench = make_bench(proxy, upstream, args.scale, profiler, floor, messages)
             results = asyncio.run(run_scenarios(
                 bench, [name for name in names if name in SCENARIOS], profiler))
         if "nonstream_latency" in results:

@@ -95,6 +95,12 @@ def proxy_target(proxy_url: str) -> Target:
                   anthropic_message, {"x-api-key": CLIENT_KEY})
 
 
+def messages_target(proxy_url: str) -> Target:
+    """The proxy in front of a Messages API upstream (`UPSTREAM_API=messages`)."""
+    return Target("messages", f"{proxy_url}/v1/messages", anthropic_body, anthropic_event,
+                  anthropic_message, {"x-api-key": CLIENT_KEY})
+
+
 def floor_target(floor_url: str) -> Target:
     """The FLOOR translator (bench/floor.py): the proxy's protocol, the stack's least cost."""
     return Target("floor", f"{floor_url}/v1/messages", anthropic_body, anthropic_event,

@@ -68,6 +68,7 @@ def targets(results: Results) -> list[Target]:
                          3.0, unit=" ms"),
                   Target("non-stream server CPU vs floor", proxy_ratio(
                       results, "nonstream_latency", "server_cpu_ms", "floor"), 1.0, unit="x")]
+    found += messages_targets(results)
     if "components" in results:
         found.append(Target("routing+dashboard+inspector CPU share", get(
             results, "components", "share_pct"), 5, unit="%"))
@@ -92,6 +93,28 @@ def targets(results: Results) -> list[Target]:
         found.append(Target(f"session cache share, {upstream}", get(
             results, "session", upstream, "proxy", "share_after_first"), TARGET_SHARE,
             at_most=False))
+    return found
+
+
+def messages_targets(results: Results) -> list[Target]:
+    """Issue 31: a Messages upstream costs no more than the Chat Completions path (server
+    CPU per request, first text; MESSAGES over PROXY in the same run), and relays a long
+    stream at 0.9x DIRECT or better."""
+    def over_chat(scenario: str, key: str) -> float:
+        return ratio(get(results, scenario, "messages", key), get(results, scenario, "proxy", key))
+
+    found = []
+    if "messages" in results.get("nonstream_latency", {}):
+        found.append(Target("messages server CPU vs chat", over_chat(
+            "nonstream_latency", "server_cpu_ms"), 1.0, unit="x"))
+    if "messages" in results.get("first_token", {}):
+        found.append(Target("messages first text vs chat", over_chat(
+            "first_token", "ttft_p50_ms"), 1.0, unit="x"))
+    if "messages" in results.get("long_stream", {}):
+        found.append(Target("messages long stream vs direct", ratio(
+            get(results, "long_stream", "messages", "chunks_per_s"),
+            get(results, "long_stream", "direct", "chunks_per_s")), 0.9, at_most=False,
+            unit="x"))
     return found
 
 
@@ -131,6 +154,7 @@ ADDED_ROWS = [("1. added latency p50 (ms)", "nonstream_latency", "added_p50_ms",
 ROW_TARGETS = {"1. added latency p50": "added median latency",
                "1. added latency p99": "added p99 latency",
                "1. server CPU per request": "non-stream server CPU vs floor",
+               "2. stream first token p50": "messages first text vs chat",
                "2. added first token": "added first text delta",
                "3. long stream": "long stream rate vs direct",
                "4. concurrent streams wall": "concurrent wall time vs direct",
@@ -162,24 +186,27 @@ def target_for(label: str, checked: list[Target]) -> str:
 
 
 def table(results: Results, checked: list[Target]) -> str:
-    """Every figure for DIRECT, PROXY and FLOOR, with PROXY's ratio to each of the others.
-    For DIRECT, the 'server' rows are the upstream itself."""
-    header = (f"{'metric':<36} {'DIRECT':>10} {'PROXY':>10} {'FLOOR':>10} {'P/D':>7} "
-              f"{'P/F':>7}  target")
+    """Every figure for DIRECT, PROXY, FLOOR and MESSAGES (the proxy in front of a Messages
+    API upstream), with PROXY's ratio to DIRECT and FLOOR and MESSAGES' to PROXY. For
+    DIRECT, the 'server' rows are the upstream itself."""
+    header = (f"{'metric':<36} {'DIRECT':>10} {'PROXY':>10} {'FLOOR':>10} {'MESSAGES':>10} "
+              f"{'P/D':>7} {'P/F':>7} {'M/P':>7}  target")
     lines = [header, "-" * (len(header) + 18)]
     for scenario, key, label in ROWS:
         if scenario not in results:
             continue
-        direct, proxy, floor = (get(results, scenario, side, key)
-                                for side in ("direct", "proxy", "floor"))
+        direct, proxy, floor, messages = (get(results, scenario, side, key)
+                                          for side in ("direct", "proxy", "floor", "messages"))
         lines.append(f"{label:<36} {number(direct):>10} {number(proxy):>10} "
-                     f"{number(floor):>10} {number(ratio(proxy, direct)):>7} "
-                     f"{number(ratio(proxy, floor)):>7}  {target_for(label, checked)}")
+                     f"{number(floor):>10} {number(messages):>10} "
+                     f"{number(ratio(proxy, direct)):>7} {number(ratio(proxy, floor)):>7} "
+                     f"{number(ratio(messages, proxy)):>7}  {target_for(label, checked)}")
         for added_label, added_scenario, added_key, after in ADDED_ROWS:
             if added_scenario == scenario and after == key:
                 added = get(results, scenario, added_key)
                 lines.append(f"{added_label:<36} {'':>10} {number(added):>10} {'':>10} "
-                             f"{'':>7} {'':>7}  {target_for(added_label, checked)}")
+                             f"{'':>10} {'':>7} {'':>7} {'':>7}  "
+                             f"{target_for(added_label, checked)}")
     return "\n".join(lines)
 
 
@@ -202,13 +229,14 @@ def cpu_table(cpu: dict[str, dict[str, float]]) -> str:
     """Per phase: wall time and how busy each process was (100% = one core). `other` is the
     rest of the machine; much above a few % means something else competed for the CPUs."""
     header = (f"{'phase (CPU % of one core)':<34} {'wall s':>7} {'client':>7} {'upstream':>9} "
-              f"{'proxy':>7} {'floor':>7} {'other':>7}")
+              f"{'proxy':>7} {'floor':>7} {'messages':>9} {'other':>7}")
     lines = [header, "-" * len(header)]
     for phase, spent in cpu.items():
-        floor = spent.get("floor_busy_pct")
+        floor, messages = spent.get("floor_busy_pct"), spent.get("messages_busy_pct")
         lines.append(f"{phase:<34} {spent['wall_s']:>7.2f} {spent['client_busy_pct']:>6.0f}% "
                      f"{spent['upstream_busy_pct']:>8.0f}% {spent['proxy_busy_pct']:>6.0f}% "
                      f"{'-' if floor is None else f'{floor:.0f}%':>7} "
+                     f"{'-' if messages is None else f'{messages:.0f}%':>9} "
                      f"{spent.get('other_busy_pct', 0.0):>6.0f}%")
     return "\n".join(lines)
 

@@ -38,24 +38,31 @@ class Bench:
     floor: Target | None = None
     """The FLOOR translator (bench/floor.py), run through the same phases when present."""
     floor_process: Managed | None = None
+    messages: Target | None = None
+    """The proxy in front of a Messages API upstream, run through the same phases."""
+    messages_process: Managed | None = None
 
     def count(self, full: int, minimum: int = 1) -> int:
         """A count from the issue, scaled by --scale."""
         return max(minimum, round(full * self.scale))
 
     def targets(self) -> tuple[Target, ...]:
-        return (self.direct, self.proxy) + ((self.floor,) if self.floor is not None else ())
+        return ((self.direct, self.proxy) + ((self.floor,) if self.floor is not None else ())
+                + ((self.messages,) if self.messages is not None else ()))
 
     def processes(self) -> dict[str, Managed]:
         """The servers by the name their CPU is recorded under."""
         found = {"upstream": self.upstream, "proxy": self.proxy_process}
         if self.floor_process is not None:
             found["floor"] = self.floor_process
+        if self.messages_process is not None:
+            found["messages"] = self.messages_process
         return found
 
     def server_name(self, target: Target) -> str:
         """Whose CPU a target's requests cost: the upstream for DIRECT (it answers them
-        itself), the proxy for PROXY, the floor translator for FLOOR."""
+        itself), the proxy for PROXY, the floor translator for FLOOR, the Messages-upstream
+        proxy for MESSAGES."""
         return "upstream" if target is self.direct else target.name
 
     def server_for(self, target: Target) -> Managed:

@@ -1,4 +1,6 @@
-"""A deliberately minimal OpenAI-compatible upstream for the benchmark.
+"""A deliberately minimal OpenAI-compatible upstream for the benchmark, which also answers
+the Anthropic Messages API (`POST /v1/messages`, for the proxy's Messages column) with the
+same content in that API's events.
 
 It must never be the bottleneck, so it is a raw `asyncio.Protocol` HTTP/1.1 server: no
 framework, keep-alive, responses built once per shape and cached as ready-to-write bytes
@@ -18,6 +20,8 @@ import asyncio
 import contextlib
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
 
@@ -86,9 +90,75 @@ def json_response(n: int) -> bytes:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": TOKEN * n},
                      "finish_reason": "stop"}],
         "usage": usage(n)})
+    return json_answer(body)
+
+
+def json_answer(body: bytes) -> bytes:
+    """A 200 answer with this JSON body."""
     head = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
             % len(body))
     return head + body
+
+
+# ---------------------------------------------------------------- the Messages API
+
+
+def named_event(event: dict[str, object]) -> bytes:
+    """One Messages API event (`event:` and `data:` lines) as its own HTTP chunk."""
+    return http_chunk(b"event: %s\ndata: %s\n\n" % (str(event["type"]).encode(),
+                                                   orjson.dumps(event)))
+
+
+def message_usage(n: int) -> dict[str, int]:
+    return {"input_tokens": 8, "output_tokens": n, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0}
+
+
+MESSAGE_START = (named_event({"type": "message_start", "message": {
+    "id": "msg_bench", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+    "stop_reason": None, "stop_sequence": None, "usage": {**message_usage(1)}}})
+    + named_event({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "text", "text": ""}}))
+MESSAGE_TOKEN = named_event({"type": "content_block_delta", "index": 0,
+                             "delta": {"type": "text_delta", "text": TOKEN}})
+
+
+@lru_cache(maxsize=16)
+def message_tail(n: int) -> bytes:
+    return (named_event({"type": "content_block_stop", "index": 0})
+            + named_event({"type": "message_delta", "usage": message_usage(n),
+                           "delta": {"stop_reason": "end_turn", "stop_sequence": None}})
+            + named_event({"type": "message_stop"}) + LAST_CHUNK)
+
+
+@lru_cache(maxsize=64)
+def message_stream(n: int) -> bytes:
+    return SSE_HEAD + MESSAGE_START + MESSAGE_TOKEN * n + message_tail(n)
+
+
+@lru_cache(maxsize=64)
+def message_json(n: int) -> bytes:
+    body = orjson.dumps({
+        "id": "msg_bench", "type": "message", "role": "assistant", "model": MODEL,
+        "content": [{"type": "text", "text": TOKEN * n}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": message_usage(n)})
+    return json_answer(body)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One API's answers: a whole one, a fast stream, and a slow stream's pieces."""
+
+    whole: Callable[[int], bytes]
+    stream: Callable[[int], bytes]
+    start: bytes
+    token: bytes
+    tail: Callable[[int], bytes]
+
+
+CHAT = Shape(json_response, stream_response, SSE_HEAD + ROLE_EVENT, TOKEN_EVENT, stream_tail)
+MESSAGES = Shape(message_json, message_stream, SSE_HEAD + MESSAGE_START, MESSAGE_TOKEN,
+                 message_tail)
 
 
 def simple_response(status: str, body: bytes) -> bytes:
@@ -159,7 +229,10 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def respond(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
-        if not head.startswith(b"POST ") or b"/chat/completions " not in head[:200]:
+        line = head[:200]
+        shape = (CHAT if b"/chat/completions " in line else
+                 MESSAGES if b"/v1/messages " in line else None)
+        if not head.startswith(b"POST ") or shape is None:
             self.finish(simple_response("404 Not Found", b"not found"))
             return
         spec = _SPEC.search(body)
@@ -168,12 +241,12 @@ class UpstreamProtocol(asyncio.Protocol):
             return
         n, interval = int(spec.group(1)), float(spec.group(2))
         if _STREAM_TRUE.search(body) is None:
-            self.finish(json_response(n))
+            self.finish(shape.whole(n))
         elif interval <= 0:
-            self.finish(stream_response(n))
+            self.finish(shape.stream(n))
         else:
             self.busy = True
-            self.task = asyncio.ensure_future(self.slow_stream(n, interval))
+            self.task = asyncio.ensure_future(self.slow_stream(n, interval, shape))
 
     def finish(self, payload: bytes) -> None:
         """Write a complete response; close the connection if the client asked to."""
@@ -183,14 +256,14 @@ class UpstreamProtocol(asyncio.Protocol):
         if self.close_after:
             self.transport.close()
 
-    async def slow_stream(self, n: int, interval: float) -> None:
+    async def slow_stream(self, n: int, interval: float, shape: Shape = CHAT) -> None:
         """Role and first token at once, then one token every `interval` seconds."""
         try:
-            await self.write(SSE_HEAD + ROLE_EVENT + TOKEN_EVENT)
+            await self.write(shape.start + shape.token)
             for _ in range(n - 1):
                 await asyncio.sleep(interval)
-                await self.write(TOKEN_EVENT)
-            self.finish(stream_tail(n))
+                await self.write(shape.token)
+            self.finish(shape.tail(n))
         except ConnectionError:
             return
         finally:

@@ -5,6 +5,10 @@ request's messages carry `SCENARIO:replay:<stem>`, with the recorded transcript 
 (`tests/data/transcripts/<stem>.json`, served byte for byte). Replies can also fail: an HTTP
 error with headers, or a stream that is cut after N events.
 
+It also speaks the Anthropic Messages API (`/v1/messages`, below the root URL `root_url`, as
+DeepSeek's `/anthropic` or vLLM's root): scripted Messages streams (`message_stream`, named
+events, no `[DONE]`) and whole Messages (`message_reply`); unscripted, a short text message.
+
 It also speaks the Responses API (`/v1/responses`, Azure's `/openai/v1/responses`): scripted
 event lists (`event:` + `data:` framing, no `[DONE]`), and the recordings in
 `tests/data/opaque-reasoning/` when the input names `SCENARIO:replay:<stem>`; a recording of
@@ -214,6 +218,82 @@ def echo_loop(steps: int, answer: str) -> Callable[[dict[str, Any]], Reply]:
     return respond
 
 
+MESSAGE_USAGE = {"input_tokens": 12, "output_tokens": 5, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": 0}
+
+
+def message_events(blocks: list[dict[str, Any]], *, model: str = "scripted",
+                   stop_reason: str = "end_turn", usage: dict[str, Any] | None = None,
+                   start_usage: dict[str, Any] | None = None, message_id: str = "msg_up",
+                   pieces: int = 2, stop_sequence: str | None = None,
+                   ) -> list[str | dict[str, Any]]:
+    """The events of a Messages stream with these content blocks, as Anthropic's API sends
+    them: `message_start` (usage with the input), each block as start, deltas (text and
+    JSON cut in `pieces`, a thinking block's `signature_delta` last) and stop, then
+    `message_delta` (stop reason, cumulative usage) and `message_stop`."""
+    usage = dict(MESSAGE_USAGE if usage is None else usage)
+    start = start_usage if start_usage is not None else {**usage, "output_tokens": 1}
+    events: list[str | dict[str, Any]] = [{"type": "message_start", "message": {
+        "id": message_id, "type": "message", "role": "assistant", "model": model,
+        "content": [], "stop_reason": None, "stop_sequence": None, "usage": start}},
+        {"type": "ping"}]
+    for index, block in enumerate(blocks):
+        kind = block["type"]
+        empty = {"text": {"type": "text", "text": ""},
+                 "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                 "tool_use": {**block, "input": {}}}.get(kind, block)
+        events.append({"type": "content_block_start", "index": index, "content_block": empty})
+        if kind == "text":
+            events += [{"type": "content_block_delta", "index": index,
+                        "delta": {"type": "text_delta", "text": piece}}
+                       for piece in _cut(block["text"], pieces)]
+        elif kind == "thinking":
+            events += [{"type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": piece}}
+                       for piece in _cut(block["thinking"], pieces)]
+            if block.get("signature") is not None:
+                events.append({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "signature_delta",
+                                         "signature": block["signature"]}})
+        elif kind == "tool_use":
+            events += [{"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": piece}}
+                       for piece in _cut(json.dumps(block["input"]), pieces)]
+        events.append({"type": "content_block_stop", "index": index})
+    events.append({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                   "usage": usage})
+    events.append({"type": "message_stop"})
+    return events
+
+
+def _cut(text: str, pieces: int) -> list[str]:
+    size = max(1, -(-len(text) // pieces))
+    return [text[at:at + size] for at in range(0, len(text), size)] or [""]
+
+
+def message_stream(blocks: list[dict[str, Any]], **fields: Any) -> Reply:
+    """A scripted Messages stream (see `message_events`)."""
+    return Reply(events=message_events(blocks, **fields), named=True, done=False)
+
+
+def message_reply(blocks: list[dict[str, Any]], *, model: str | None = "scripted",
+                  stop_reason: str = "end_turn",
+                  usage: dict[str, Any] | None = None) -> Reply:
+    """A whole Message, as a non-streamed answer."""
+    return Reply(body={"id": "msg_up", "type": "message", "role": "assistant",
+                       "model": model or "scripted", "content": blocks,
+                       "stop_reason": stop_reason, "stop_sequence": None,
+                       "usage": dict(MESSAGE_USAGE if usage is None else usage)})
+
+
+def anthropic_error(status: int, message: str, error_type: str = "invalid_request_error",
+                    body: Any = None) -> Reply:
+    """An Anthropic-shaped error answer (or `body` exactly, for an endpoint's own shape)."""
+    return Reply(status=status, body=body if body is not None else {
+        "type": "error", "error": {"type": error_type, "message": message}})
+
+
 def error_reply(status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
     return Reply(status=status, body={"error": {"message": message, "type": "upstream_error"}},
                  headers=headers or {})
@@ -303,12 +383,19 @@ class ScriptedUpstream(LoopbackServer):
                   methods=["POST"]),
             Route("/v1/responses", self._handle, methods=["POST"]),
             Route("/openai/v1/responses", self._handle, methods=["POST"]),
+            Route("/v1/messages", self._handle, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._handle, methods=["POST"]),
         ])
         self.paths: list[str] = []
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The base URL of its Messages API (the proxy appends `/v1/messages`)."""
+        return f"http://127.0.0.1:{self.port}"
 
     def queue(self, *replies: Reply) -> None:
         self._replies.extend(replies)
@@ -333,6 +420,10 @@ class ScriptedUpstream(LoopbackServer):
                 return reply
         if self._replies:
             return self._replies.popleft()
+        if path.endswith("/messages"):
+            blocks = [{"type": "text", "text": "scripted default"}]
+            return (message_stream(blocks, model=body.get("model", "scripted"))
+                    if body.get("stream") else message_reply(blocks, model=body.get("model")))
         structured = structured_answer(body)
         if structured is not None:
             return text_stream([structured[:5], structured[5:]]) if body.get(

@@ -1,5 +1,5 @@
 """The benchmark at 5% scale, as a subprocess: it must run end to end from the production
-install, cover every scenario with numbers for DIRECT, PROXY and FLOOR, and see no failed
+install, cover every scenario with numbers for DIRECT, PROXY, FLOOR and MESSAGES, and see no failed
 request. Speed is not asserted here; that is the benchmark's
 own report (`make bench`)."""
 
@@ -35,7 +35,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     scenarios = document["scenarios"]
     for scenario, metrics in SCENARIOS.items():
-        for side in ("direct", "proxy", "floor"):
+        for side in ("direct", "proxy", "floor", "messages"):
             result = scenarios[scenario][side]
             for metric in metrics:
                 assert is_number(result[metric]), (scenario, side, metric, result)
@@ -47,5 +47,6 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert {target["name"] for target in document["targets"]} >= {
         "added median latency", "long stream rate vs direct", "concurrent wall time vs direct",
         "peak RSS after load", "memory per open stream", "non-stream server CPU vs floor",
-        "added first text delta"}
+        "added first text delta", "messages server CPU vs chat",
+        "messages long stream vs direct"}
     assert all(is_number(spent["wall_s"]) for spent in document["cpu"].values())

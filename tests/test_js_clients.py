@@ -35,12 +35,14 @@ ANSWER = "It is sunny in Paris."
 CITY_SCHEMA_PROPERTIES = {"city": {"type": "string"}, "population": {"type": "number"}}
 
 
-def run_client(proxy: ProxyServer, scenario: str) -> dict[str, Any]:
+def run_client(proxy: ProxyServer | str, scenario: str) -> dict[str, Any]:
+    """One scenario against the proxy (or another Messages API at that base URL)."""
     assert NODE is not None
+    url = proxy if isinstance(proxy, str) else proxy.url
     result = subprocess.run([NODE, str(CLIENTS), scenario], cwd=JS, capture_output=True,
                             text=True, timeout=120, stdin=subprocess.DEVNULL,
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                 "PROXY_URL": proxy.url})
+                                 "PROXY_URL": url})
     assert result.returncode == 0, result.stderr
     output: dict[str, Any] = json.loads(result.stdout)
     return output

@@ -77,6 +77,8 @@ class RequestRecord:
     compaction, auxiliary, side_reply), `-` without one, `?` for any other value."""
     prompt_id: str = "-"
     """The user turn's id (`x-claude-code-prompt-id`), `-` without one."""
+    betas: str | None = None
+    """The client's `anthropic-beta` header (a Messages upstream gets the values it takes)."""
     failover: list[str] = field(default_factory=list)
     """The providers tried before the one that answered, in order."""
     first_byte: float | None = None

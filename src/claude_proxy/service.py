@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -20,15 +20,13 @@ from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.conversion import context_edits, safeguards
 from claude_proxy.conversion.caching import session_cache_key
 from claude_proxy.conversion.reasoning import OpaqueFor
-from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
+from claude_proxy.conversion.request_converter import UpstreamRequest
 from claude_proxy.conversion.response_converter import (
     StreamConverter,
-    WireParser,
     collect_message,
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
-from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -40,16 +38,9 @@ from claude_proxy.routing.sessions import SessionSizes
 from claude_proxy.routing.tokens import encoding_name, estimate_request_tokens
 from claude_proxy.state.local import LocalStore
 from claude_proxy.state.store import StateStore
-from claude_proxy.upstream import chat_completions, llamacpp, responses
-from claude_proxy.upstream.capabilities import (
-    REASONING,
-    SUMMARY,
-    drop_refused,
-    names_added_field,
-    refused_optional_fields,
-    refused_structured,
-    structured_mode,
-)
+from claude_proxy.upstream import llamacpp
+from claude_proxy.upstream.api import Build, api_for, api_of
+from claude_proxy.upstream.capabilities import REASONING
 from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
 from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
@@ -236,32 +227,22 @@ class MessagesService:
 
     def convert(self, provider: Provider, model: str, body: dict[str, Any],
                 cache_key: str | None = None) -> UpstreamRequest:
-        """The upstream request, minus whatever this model is known to refuse. The one place
-        that picks the upstream API: /responses for REASONING_MODEL_PREFIXES models (unless
-        the provider sets RESPONSES_API=false), /chat/completions for the rest."""
+        """The upstream request, minus whatever this model is known to refuse, in the API
+        the provider takes for this model (upstream/api.py picks it)."""
         body = self.replay(body)  # earlier web searches as text
         body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
-        opaque_for = self.opaque_for(self.origin(provider, model))
         settings = self.settings_of(provider)
-        if responses.uses_responses(model, settings):
-            upstream = responses.convert_request(
-                body, settings, model=model, opaque_for=opaque_for,
-                without_reasoning=refusals.refuses(model, REASONING),
-                without_summary=refusals.refuses(model, SUMMARY), cache_key=cache_key)
-            apply_responses_structured_output(upstream.body, body)
-        else:
-            upstream = convert_request(body, settings, model=model,
-                                       is_ours=self.is_ours, opaque_for=opaque_for,
-                                       without_reasoning=refusals.refuses(model, REASONING),
-                                       structured=structured_mode(refusals, model),
-                                       cache_key=cache_key)
-        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+        api = api_for(model, settings)
+        upstream = api.build(body, settings, Build(
+            model, refusals, is_ours=self.is_ours,
+            opaque_for=self.opaque_for(self.origin(provider, model)), cache_key=cache_key,
+            betas=current_record().betas))
         record = current_record()  # for the dashboard's inspector (kept by reference)
         record.client_body, record.upstream_body = body, upstream.body
         record.added = upstream.extras
-        logger.debug("upstream request model=%s%s extra_json: %s", model,
-                     " api=responses" if upstream.api == "responses" else "", upstream.extras)
+        logger.debug("upstream request model=%s%s extra_json: %s", model, api.label,
+                     upstream.extras)
         return upstream
 
     def converter(self, body: dict[str, Any], attempt: Attempt) -> StreamConverter:
@@ -269,13 +250,6 @@ class MessagesService:
         parser, and signatures naming that provider and model."""
         upstream = attempt.upstream
         origin = self.origin(attempt.provider, attempt.candidate.model)
-        parser: WireParser
-        if upstream.api == "responses":
-            parser = responses.ResponsesParser()
-        else:
-            parser = chat_completions.ChatCompletionsParser(
-                think_tags=upstream.think_tags, leading_think_tags=True,
-                show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
         thinking = body.get("thinking")
         omitted = isinstance(thinking, dict) and thinking.get("display") == "omitted"
         cleared = sum(int(edit["cleared_input_tokens"]) for edit in attempt.edits)
@@ -283,7 +257,8 @@ class MessagesService:
                                     input_tokens=max(1, attempt.fit.tokens - cleared),
                                     sign=partial(self.signer.sign, origin=origin,
                                                  hidden=omitted),
-                                    parser=parser, omit_thinking=omitted,
+                                    parser=api_of(upstream).parser(upstream),
+                                    omit_thinking=omitted,
                                     stop_sequences=body.get("stop_sequences") or ())
         if body.get("context_management") is not None:
             converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
@@ -373,6 +348,31 @@ class MessagesService:
         plain = estimate_request_tokens(body)
         candidates = self.router.candidates(body, plain, self.sessions.previous(session))
         return self.measure(body, session, plain, exact=True)(candidates[0]).tokens
+
+    async def count_input(self, body: dict[str, Any], session: str | None) -> int:
+        """count_tokens: the upstream's own count where the API of the provider this request
+        would go to has one (a Messages endpoint that documents it), else `count_tokens`'s
+        estimate (also when that count fails)."""
+        plain = estimate_request_tokens(body)
+        candidate = self.router.candidates(body, plain, self.sessions.previous(session))[0]
+        counted = await self._counted_upstream(body, candidate)
+        if counted is not None:
+            return counted
+        return self.measure(body, session, plain, exact=True)(candidate).tokens
+
+    async def _counted_upstream(self, body: dict[str, Any], candidate: Candidate) -> int | None:
+        provider = self.providers[candidate.provider]
+        settings = self.settings_of(provider)
+        build = Build(candidate.model, provider.refusals,
+                      opaque_for=self.opaque_for(self.origin(provider, candidate.model)),
+                      betas=current_record().betas)
+        try:
+            return await api_for(candidate.model, settings).count_tokens(
+                provider.client, body, settings, build)
+        except ProxyError as error:
+            logger.info("provider %s could not count tokens (%d %s); using the estimate",
+                        provider.name, error.status, error.error_type)
+            return None
 
     async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
                              error: ProxyError, fit: preflight.Fit) -> None:
@@ -483,7 +483,7 @@ class MessagesService:
                     await _timed_send(provider, upstream, send))
         except ProxyError as error:
             known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
-            refused = [] if known else self._refused_fields(error, upstream)
+            refused = [] if known else api_of(upstream).refused_fields(error, upstream)
             if not refused:
                 raise
             model = candidate.model
@@ -498,33 +498,13 @@ class MessagesService:
             return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
 
-    @staticmethod
-    def _refused_fields(error: ProxyError, upstream: UpstreamRequest) -> list[str]:
-        if error.status != 400:
-            return []
-        optional = refused_optional_fields(error.message, upstream.body)
-        if optional:
-            return optional
-        if upstream.api == "responses":
-            return responses.refused_fields(error.message, upstream.extras)
-        structured = refused_structured(error.message, upstream.body)
-        if structured:
-            return structured
-        if upstream.extras and names_added_field(error.message, upstream.extras):
-            return [REASONING]
-        return []
-
     # ------------------------------------------------------------ entry points
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
                           ) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError)."""
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
-            if upstream.api == "responses":
-                return provider.client.open_response_stream(upstream.body)
-            if upstream.buffered:
-                return provider.client.open_buffered_stream(upstream.body)
-            return provider.client.open_stream(upstream.body)
+            return api_of(upstream).send_stream(provider.client, upstream)
 
         attempt, stream = await self.routed(body, send, session)
         return self.converter(body, attempt), stream
@@ -536,14 +516,10 @@ class MessagesService:
             return await self._create_streamed(body, session)
 
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
-            if upstream.api == "responses":
-                return provider.client.respond(upstream.body)
-            return provider.client.complete(upstream.body)
+            return api_of(upstream).send_once(provider.client, upstream)
 
         attempt, answer = await self.routed(body, send, session)
-        chunks: Iterator[dict[str, Any]] = (
-            responses.response_events(answer) if attempt.upstream.api == "responses"
-            else chat_completions.buffered_chunks(answer))
+        chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         events = convert_chunks(chunks, converter, end=False)
         message = collect_message(events + await converter.settle() + converter.finish())

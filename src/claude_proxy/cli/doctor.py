@@ -11,6 +11,7 @@ back (or were refused) and whether encrypted reasoning did.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
 from claude_proxy.state import check_store
 from claude_proxy.upstream import llamacpp, responses
+from claude_proxy.upstream.api import MESSAGES, Build, api_for
+from claude_proxy.upstream.capabilities import Refusals
 from claude_proxy.upstream.client import OpenAIClient
 from claude_proxy.upstream.misconfigured import JINJA, MisconfiguredUpstream
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
@@ -78,8 +81,13 @@ def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
 
 
 async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str) -> list[Check]:
-    if responses.uses_responses(model, settings):
-        return await check_responses_model(client, settings, model)
+    """The checks of the API the proxy would send `model` to (upstream/api.py picks it)."""
+    return await MODEL_CHECKS[api_for(model, settings).name](client, settings, model)
+
+
+async def check_chat_model(client: OpenAIClient, settings: ProviderSettings,
+                           model: str) -> list[Check]:
+    """A /chat/completions model: reachable, then its reasoning fields, then tools."""
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
     try:
         await client.complete(plain.body)
@@ -212,6 +220,70 @@ async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSett
                       " (carried back in the thinking signature)" if opaque
                       else "no encrypted reasoning came back", required=False)
     return [summaries, encrypted]
+
+
+async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
+                               model: str) -> list[Check]:
+    """A Messages API model: reachable, the model that answers (an endpoint that maps
+    unknown names to another model says so only in the answer's `model`), thinking, tools."""
+    answer, failure = await _ask_messages(client, settings, model, anthropic_request(
+        model, thinking={"type": "disabled"}))
+    if answer is None:
+        return [failure or Check("basic request", False)]
+    checks = [Check("reachable", True, "Messages API"), Check("auth", True),
+              answered_model(model, answer.get("model"))]
+    request = anthropic_request(model, thinking={"type": "adaptive"}, max_tokens=2048,
+                                messages=[{"role": "user", "content": "What is 17 * 23?"}])
+    answer, failure = await _ask_messages(client, settings, model, request)
+    if answer is None:
+        checks.append(Check("reasoning", False, failure.detail if failure else "",
+                            required=False))
+    else:
+        blocks = [b for b in answer.get("content") or [] if isinstance(b, dict)]
+        text = sum(len(str(b.get("thinking", ""))) for b in blocks if b.get("type") == "thinking")
+        signed = any(b.get("signature") for b in blocks if b.get("type") == "thinking")
+        checks.append(Check("reasoning", bool(text), f"{text} chars of thinking"
+                            f"{', signed' if signed else ', unsigned'}" if text
+                            else "no thinking block came back", required=False))
+    request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
+                                messages=[{"role": "user", "content":
+                                           "What time is it? Use the get_time tool."}])
+    answer, failure = await _ask_messages(client, settings, model, request)
+    if answer is None:
+        checks.append(Check("tools", False, failure.detail if failure else ""))
+    else:
+        called = any(isinstance(b, dict) and b.get("type") == "tool_use"
+                     for b in answer.get("content") or [])
+        checks.append(Check("tools", True, "accepted; the model called get_time" if called
+                            else "accepted (the model answered without calling the tool)"))
+    return checks
+
+
+async def _ask_messages(client: OpenAIClient, settings: ProviderSettings, model: str,
+                        request: dict[str, Any]) -> tuple[dict[str, Any] | None, Check | None]:
+    """One request as the proxy would send it (the answer, or the failure's check)."""
+    upstream = MESSAGES.build(request, settings, Build(model, Refusals()))
+    try:
+        return await MESSAGES.send_once(client, upstream), None
+    except ProxyError as error:
+        return None, describe_failure(error)
+
+
+def answered_model(asked: str, answered: Any) -> Check:
+    """Whether the endpoint answered with the model asked for (a dated name of it counts)."""
+    if not isinstance(answered, str) or not answered:
+        return Check("model", False, "the answer names no model", required=False)
+    if answered == asked or answered.startswith(asked + "-"):
+        return Check("model", True, f"answered as {answered}")
+    return Check("model", False, f"asked for {asked}, answered as {answered}: the endpoint "
+                 "substitutes another model for this name", required=False)
+
+
+ModelChecks = Callable[[OpenAIClient, ProviderSettings, str], Awaitable[list[Check]]]
+MODEL_CHECKS: dict[str, ModelChecks] = {"chat": check_chat_model,
+                                       "responses": check_responses_model,
+                                       "messages": check_messages_model}
+"""Each upstream API's checks, by the API's name."""
 
 
 def configured_models(settings: ProviderSettings,

@@ -229,6 +229,8 @@ def _provider(path: Path, name: str, table: dict[str, Any],
     if env_file is not None:
         values.update(_env_file_values(path, where, Path(str(env_file))))
     values.update({key.lower(): value for key, value in table.items() if key != "env_file"})
+    if "api" in values:  # `api = "messages"`: the provider's upstream API
+        values["upstream_api"] = values.pop("api")
     values.setdefault("max_retries", FILE_PROVIDER_RETRIES)
     values = {key: resolve_secret(path, where, key, value, environ)
               for key, value in values.items()}

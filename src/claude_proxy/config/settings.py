@@ -195,6 +195,10 @@ class ProviderSettings(BaseModel):
     `<function=…>` XML, `<tool_call>` JSON) become tool_use blocks."""
     buffer_stream_model_prefixes: PrefixList = None
     responses_api: bool = True
+    upstream_api: Literal["chat", "messages"] = "chat"
+    """UPSTREAM_API (`api` in a config file): `chat` (OpenAI's Chat Completions, and the
+    Responses API for REASONING_MODEL_PREFIXES models) or `messages` (the provider's own
+    Anthropic Messages API at `{OPENAI_BASE_URL}/v1/messages`)."""
 
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     tool_group_patterns: dict[str, tuple[str, ...]] = Field(default_factory=dict)
@@ -217,7 +221,8 @@ class ProviderSettings(BaseModel):
         return value
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
-                     "reasoning_passback", "prompt_cache", "web_search", mode="before")
+                     "reasoning_passback", "prompt_cache", "web_search", "upstream_api",
+                     mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":

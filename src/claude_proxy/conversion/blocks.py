@@ -313,8 +313,12 @@ class BlockMachine:
         return reasoning_tokens(self._usage) if self._usage is not None else 0
 
     def usage(self) -> dict[str, int]:
+        """The upstream's usage; its input, where it reported none, the estimate."""
         if self._usage is not None:
-            return anthropic_usage(self._usage)
+            usage = anthropic_usage(self._usage)
+            if "prompt_tokens" not in self._usage:
+                usage["input_tokens"] = self._input_estimate
+            return usage
         return {
             "input_tokens": self._input_estimate,
             "output_tokens": estimate_tokens(self._streamed_chars),

@@ -137,7 +137,8 @@ BETA_VALUES: dict[str, Rule] = {
     "structured-outputs-2025-11-13": Rule(T, "see `output_config.format`"),
     "structured-outputs-2025-12-15": Rule(T, "see `output_config.format`"),
     "fast-mode-2026-02-01": Rule(IGN, "see `speed`"),
-    "token-counting-2024-11-01": Rule(T, "`/v1/messages/count_tokens` estimates locally"),
+    "token-counting-2024-11-01": Rule(T, "`/v1/messages/count_tokens` estimates locally (a "
+                                         "Messages upstream that counts is asked)"),
     "prompt-caching-2024-07-31": Rule(IGN, "see `cache_control`"),
     "extended-cache-ttl-2025-04-11": Rule(IGN, "see `cache_control`"),
     "output-128k-2025-02-19": Rule(IGN, "`max_tokens` is clamped to the provider's limit"),

@@ -78,6 +78,18 @@ def marker_of(parts: list[Part]) -> dict[str, Any] | None:
     return None
 
 
+def tool_reference_text(block: dict[str, Any]) -> str:
+    """What a `tool_reference` block (a tool loaded by tool search) says to an upstream
+    that has no such block."""
+    return f"Tool {block.get('tool_name', '')} is now available."
+
+
+def is_billing_header(block: Any) -> bool:
+    """Claude Code's per-conversation `x-anthropic-billing-header` system block."""
+    return (isinstance(block, dict) and isinstance(block.get("text"), str)
+            and _is_billing_header(block["text"]))
+
+
 def _is_billing_header(text: str) -> bool:
     return text.lstrip().startswith(BILLING_HEADER_PREFIX)
 
@@ -181,7 +193,7 @@ def _unmarked_block_parts(block: dict[str, Any], context: str) -> list[Part]:
     if kind == "search_result":
         return [_text_part(_search_result_text(block))]
     if kind == "tool_reference":
-        return [_text_part(f"Tool {block.get('tool_name', '')} is now available.")]
+        return [_text_part(tool_reference_text(block))]
     if kind == "web_search_tool_result":
         return [_text_part(_web_search_text(block))]
     if kind in ("thinking", "redacted_thinking", "tool_use", "tool_result", "server_tool_use"):

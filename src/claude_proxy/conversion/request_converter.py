@@ -153,8 +153,12 @@ class UpstreamRequest:
     as text are to become tool calls (TEXT_TOOL_CALL_PREFIXES)."""
     buffered: bool = False
     """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
-    api: Literal["chat", "responses"] = "chat"
-    """The upstream API the body is for: /chat/completions or /responses."""
+    api: Literal["chat", "responses", "messages"] = "chat"
+    """The upstream API the body is for (upstream/api.py): /chat/completions, /responses or
+    /v1/messages."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers of this request besides the endpoint's own (a Messages upstream's
+    `anthropic-beta`)."""
 
 
 def convert_request(

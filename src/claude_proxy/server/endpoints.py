@@ -130,7 +130,8 @@ async def messages(request: Request) -> Response:
     wired = wiring(request)
     payload = await read_json_body(request, wired.settings.max_request_bytes)
     body = validate_request(MessagesRequest, payload)
-    screen_request(body, request.headers.get("anthropic-beta"))
+    current_record().betas = request.headers.get("anthropic-beta")
+    screen_request(body, current_record().betas)
     await wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
     service = service_of(request)
     deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout
@@ -176,8 +177,9 @@ async def count_tokens(request: Request) -> Response:
     identify(request)
     payload = await read_json_body(request, wiring(request).settings.max_request_bytes)
     body = validate_request(CountTokensRequest, payload)
-    screen_request(body, request.headers.get("anthropic-beta"), refuse=False)
-    return json_response({"input_tokens": service_of(request).count_tokens(
+    current_record().betas = request.headers.get("anthropic-beta")
+    screen_request(body, current_record().betas, refuse=False)
+    return json_response({"input_tokens": await service_of(request).count_input(
         body, request.headers.get(SESSION_HEADER))})
 
 

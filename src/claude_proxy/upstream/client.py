@@ -23,6 +23,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterator,
+    Mapping,
 )
 from typing import Any, TypeVar
 
@@ -38,7 +39,7 @@ from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.record import current_trace, mark
-from claude_proxy.upstream import chat_completions, responses
+from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstream.overflow import from_payload, from_upstream
 from claude_proxy.upstream.retry import RetryPolicy
@@ -131,6 +132,7 @@ class UpstreamStream:
         reads, text = _body_reads(self._response)
         done = False
         eager = EAGER_CHUNKS
+        ends = self._wire.ends
         try:
             async for data in reads:
                 if done:
@@ -148,6 +150,9 @@ class UpstreamStream:
                     if chunk is None:
                         continue
                     batch.append(chunk)
+                    if ends is not None and ends(chunk):
+                        self.complete = done = True
+                        break
                     if eager and not self._wire.is_preamble(chunk):
                         eager -= 1  # out before the rest of the read is parsed
                         yield batch
@@ -178,6 +183,8 @@ class OpenAIClient:
         self._client = UpstreamHttpClient(timeout=timeout, limits=limits, transport=transport)
         self.url = f"{settings.openai_base_url}/chat/completions"
         self.responses_url = responses.endpoint(settings).url
+        self.messages_url = messages.endpoint(settings)
+        self._messages_headers = messages.auth_headers(settings)
         self._params = ({"api-version": settings.azure_api_version}
                         if settings.azure_api_version else {})
         self._headers = self._auth_headers(settings)
@@ -235,9 +242,31 @@ class OpenAIClient:
         `response.created`/`in_progress` (so an early `response.failed` still has a status)."""
         return await self._open_stream(self.responses_url, body, {}, responses.WIRE)
 
-    async def _complete(self, url: str, body: dict[str, Any], params: dict[str, str]) -> Chunk:
+    async def message(self, body: dict[str, Any], headers: Mapping[str, str]) -> Chunk:
+        """A non-streaming Messages API answer (`/v1/messages`) as its JSON body; `headers`:
+        the request's own (`anthropic-beta`)."""
+        return await self._complete(self.messages_url, body, {}, self._messages_headers,
+                                    headers)
+
+    async def count_message_tokens(self, body: dict[str, Any],
+                                   headers: Mapping[str, str]) -> Chunk:
+        """The endpoint's own `/v1/messages/count_tokens` answer (`{"input_tokens": N}`)."""
+        return await self._complete(self.messages_url + messages.COUNT_PATH, body, {},
+                                    self._messages_headers, headers)
+
+    async def open_message_stream(self, body: dict[str, Any],
+                                  headers: Mapping[str, str]) -> UpstreamStream:
+        """A streaming Messages API answer, read up to its first event after `message_start`
+        (so an early `error` event still has a status)."""
+        return await self._open_stream(self.messages_url, body, {}, messages.WIRE,
+                                       self._messages_headers, headers)
+
+    async def _complete(self, url: str, body: dict[str, Any], params: dict[str, str],
+                        own: Mapping[str, str] | None = None,
+                        extra: Mapping[str, str] | None = None) -> Chunk:
         async def attempt() -> Chunk:
-            response = await self._send(url, body, params, accept="application/json")
+            response = await self._send(url, body, params, accept="application/json",
+                                        own=own, extra=extra)
             try:
                 content = await response.aread()
             except httpx.HTTPError as exc:
@@ -251,9 +280,11 @@ class OpenAIClient:
         return await self._with_retries(attempt)
 
     async def _open_stream(self, url: str, body: dict[str, Any], params: dict[str, str],
-                           wire: Wire) -> UpstreamStream:
+                           wire: Wire, own: Mapping[str, str] | None = None,
+                           extra: Mapping[str, str] | None = None) -> UpstreamStream:
         async def attempt() -> UpstreamStream:
-            response = await self._send(url, body, params, accept="text/event-stream")
+            response = await self._send(url, body, params, accept="text/event-stream",
+                                        own=own, extra=extra)
             stream = self._wrap(response, wire)
             try:
                 await stream.prefetch()
@@ -310,13 +341,19 @@ class OpenAIClient:
         return error
 
     async def _send(self, url: str, body: dict[str, Any], params: dict[str, str], *,
-                    accept: str) -> httpx.Response:
-        """One POST; a non-2xx answer or a network failure raises ProxyError."""
+                    accept: str, own: Mapping[str, str] | None = None,
+                    extra: Mapping[str, str] | None = None) -> httpx.Response:
+        """One POST; a non-2xx answer or a network failure raises ProxyError. `own`: the
+        endpoint's headers in place of the client's (its API's auth), `extra`: this
+        request's."""
         target, headers_for, transport = self._endpoint(url, params)
         content = orjson.dumps(body)
         # A copy shares the prepared headers' tuples (made anew, each request's copy of them
         # was kept for as long as its answer is open).
-        headers = self._prepared_headers(target, headers_for, accept).copy()
+        headers = self._prepared_headers(target, headers_for, accept,
+                                         self._headers if own is None else own).copy()
+        if extra:
+            headers.update(extra)
         headers["content-length"] = str(len(content))
         trace = current_trace()
         if trace is not None:  # OpenTelemetry on: the attempt's traceparent
@@ -358,14 +395,14 @@ class OpenAIClient:
         return endpoint
 
     def _prepared_headers(self, target: httpx.URL, made: dict[str, httpx.Headers],
-                          accept: str) -> httpx.Headers:
+                          accept: str, own: Mapping[str, str]) -> httpx.Headers:
         """The host, the client's default headers (user agent, accepted encodings) and ours,
         merged as build_request merged them."""
         headers = made.get(accept)
         if headers is None:
             headers = made[accept] = httpx.Headers({"host": target.netloc.decode("ascii")})
             headers.update(self._client.headers)
-            headers.update({**self._headers, "accept": accept})
+            headers.update({**own, "accept": accept})
         return headers
 
     @staticmethod
@@ -407,11 +444,11 @@ def _transport_error(exc: httpx.HTTPError) -> ProxyError:
 def _describe_to_trace(answer: Chunk | None) -> None:
     """The upstream's own model and response id, for the attempt's span when OpenTelemetry is
     on: a Chat Completions body or chunk names them at its top, a Responses event in its
-    `response`."""
+    `response`, a Messages stream's `message_start` in its `message`."""
     trace = current_trace()
     if trace is None or not answer:
         return
-    inner = answer.get("response")
+    inner = answer.get("response") or answer.get("message")
     described = inner if isinstance(inner, dict) else answer
     trace.responded(described.get("model"), described.get("id"))
 

@@ -24,6 +24,9 @@ class Wire:
     """The error payload an event carries, or None."""
     buffered: Callable[[Chunk], Iterator[Chunk]]
     """A whole JSON answer cut into the events a stream would have had."""
+    ends: Callable[[Chunk], bool] | None = None
+    """The event after which nothing more comes (the Messages API's `message_stop`), for
+    an API without the `[DONE]` line; None: the stream ends with `[DONE]` or the body."""
 
 
 def _never(chunk: Chunk) -> bool:

@@ -8,6 +8,7 @@ calls providers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from claude_proxy.config.settings import ProviderSettings
@@ -17,7 +18,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.routing.providers import Provider
 from claude_proxy.routing.tokens import estimate_request_tokens
 from claude_proxy.service import MessagesService
-from claude_proxy.upstream import chat_completions, responses
+from claude_proxy.upstream.api import api_of
 from claude_proxy.upstream.client import Chunk
 
 NativeSwitch = Callable[[ProviderSettings, str, dict[str, Any]], dict[str, Any] | None]
@@ -50,13 +51,11 @@ class ServiceCaller:
             fields = switch(provider.settings, upstream.api, raw)
             if fields is None:
                 raise ProxyError(501, f"provider {provider.name} has no native web search")
-            if upstream.api == "responses":
-                return await provider.client.respond({**raw, **fields})
-            return await provider.client.complete({**raw, **fields})
+            return await api_of(upstream).send_once(
+                provider.client, replace(upstream, body={**raw, **fields}))
 
         service = self.service
         attempt, answer = await service.routed(body, send, None)
-        chunks = (responses.response_events(answer) if attempt.upstream.api == "responses"
-                  else chat_completions.buffered_chunks(answer))
+        chunks = api_of(attempt.upstream).events_of(answer)
         message = collect_message(convert_chunks(chunks, service.converter(body, attempt)))
         return answer, message

@@ -22,9 +22,12 @@ from claude_proxy.websearch.backends import SNIPPET_CHARS, Hit, Query
 
 
 def native_kind(settings: ProviderSettings, api: str = "chat") -> str | None:
-    """Which native search this provider has on this upstream API, if any."""
+    """Which native search this provider has on this upstream API, if any (none on a
+    Messages upstream: its searches are emulated with the backend)."""
     if api == "responses":
         return "responses"
+    if api == "messages":
+        return None
     if "perplexity" in settings.openai_base_url.lower():
         return "perplexity"
     name = settings.provider_name

@@ -165,12 +165,18 @@ def replay_blocks(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any
     return {**body, "messages": [_replay_message(message, signer) for message in messages]}
 
 
+def _is_search_block(block: Any) -> bool:
+    """A web search's call or result; another server tool's (the advisor's) is not one."""
+    if not isinstance(block, dict):
+        return False
+    kind = block.get("type")
+    return kind == "web_search_tool_result" or (
+        kind == "server_tool_use" and block.get("name", "web_search") == "web_search")
+
+
 def _has_search_block(message: Any) -> bool:
     content = message.get("content") if isinstance(message, dict) else None
-    return isinstance(content, list) and any(
-        isinstance(block, dict) and block.get("type") in ("server_tool_use",
-                                                          "web_search_tool_result")
-        for block in content)
+    return isinstance(content, list) and any(_is_search_block(block) for block in content)
 
 
 def _replay_message(message: Any, signer: ThinkingSigner) -> Any:
@@ -178,7 +184,7 @@ def _replay_message(message: Any, signer: ThinkingSigner) -> Any:
         return message
     content: list[Any] = []
     for block in message["content"]:
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = block.get("type") if _is_search_block(block) else None
         if kind == "server_tool_use":
             query = (block.get("input") or {}).get("query", "")
             content.append(text_block(f'Searched the web for "{query}".'))
