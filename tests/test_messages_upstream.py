@@ -386,7 +386,11 @@ def test_zai_under_the_tool_search_beta_sees_only_the_loaded_tools(
     search_tool = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}
     assert post(proxy, {"tools": [CALCULATOR, deferred, search_tool]},
                 **{"anthropic-beta": BETAS}).status_code == 200
-    assert upstream.requests[0]["tools"] == [CALCULATOR]
+    # The proxy runs the server tool search itself (toolsearch/): the model gets the loaded
+    # tool and the search function, never the deferred one.
+    sent = upstream.requests[0]["tools"]
+    assert sent[0] == CALCULATOR
+    assert [tool["name"] for tool in sent] == ["calculator", "tool_search_tool_regex"]
     assert "advanced-tool-use" not in upstream.headers[0].get("anthropic-beta", "")
 
 
