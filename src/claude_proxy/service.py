@@ -275,7 +275,8 @@ class MessagesService:
         return StreamConverter(body["model"], input_tokens=attempt.fit.tokens,
                                sign=partial(self.signer.sign, origin=origin, hidden=omitted),
                                parser=parser, omit_thinking=omitted,
-                               stop_sequences=body.get("stop_sequences") or ())
+                               stop_sequences=body.get("stop_sequences") or (),
+                               window=attempt.fit.window)
 
     # ------------------------------------------------------------ routing and failover
 
