@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -239,11 +240,13 @@ def test_two_workers_share_the_signature_secret(
 
 
 def doctor_responder(body: dict[str, Any]) -> Reply:
+    call = {"id": "call_t", "type": "function", "function": {"name": "get_time",
+                                                            "arguments": "{}"}}
+    if body.get("tools") and body.get("stream"):
+        return Reply(events=[chunk({"role": "assistant", "tool_calls": [{"index": 0, **call}]}),
+                             chunk({}, "tool_calls")])
     if body.get("tools"):
-        return completion({"content": None, "tool_calls": [
-            {"id": "call_t", "type": "function", "function": {"name": "get_time",
-                                                              "arguments": "{}"}}]},
-            finish="tool_calls")
+        return completion({"content": None, "tool_calls": [call]}, finish="tool_calls")
     if body.get("stream"):
         return Reply(events=[chunk({"reasoning_content": "17*23 = 391"}),
                              chunk({"content": "391"}), chunk({}, "stop")])
@@ -271,7 +274,7 @@ def test_doctor_reports_a_working_setup(tmp_path: Path, upstream: ScriptedUpstre
             "reasoning_content (11 chars)") in out
     assert "tools          ok    accepted; the model called get_time" in out
     assert out.rstrip().endswith("Claude Code will work with this configuration.")
-    sent = [r for r in upstream.requests if r.get("stream")]
+    sent = [r for r in upstream.requests if "17 * 23" in json.dumps(r["messages"])]
     assert sent and all(r["thinking"] == {"type": "enabled"} for r in sent)
 
 
