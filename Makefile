@@ -20,7 +20,7 @@ JS_CLIENTS := $(JS_CLIENTS_DIR)/.installed
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
-.PHONY: run test test-claude-latest test-container lint typecheck unit bench bench-redis clean \
+.PHONY: run test test-claude-latest test-container soak lint typecheck unit bench bench-redis clean \
 	browser shells redis
 
 $(BIN)/python:
@@ -98,6 +98,13 @@ test-claude-latest: $(VENV)/.installed-test
 ## test-container: build the image with docker or podman, run it, check it from outside
 test-container: $(VENV)/.installed-test
 	$(BIN)/python -m tests.container
+
+## soak: ten minutes of the whole fleet (2 replicas x 2 workers, one Redis, team keys and a
+## budget) through its faults, then its figures; `make test` runs a minute of it
+## (tests/test_soak.py). SOAK_SECONDS changes the length.
+SOAK_SECONDS ?= 600
+soak: $(VENV)/.installed-test redis
+	$(BIN)/python -m tests.soak --seconds $(SOAK_SECONDS)
 
 ## lint: ruff, and the import contracts of pyproject.toml (the layers of docs/development.md)
 lint: $(VENV)/.installed-test

@@ -33,6 +33,7 @@ has landed it is checked like any other."""
 PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
+               "SOAK_SECONDS": "Makefile",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
                "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
                **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
