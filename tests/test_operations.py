@@ -240,13 +240,11 @@ def test_two_workers_share_the_signature_secret(
 
 
 def doctor_responder(body: dict[str, Any]) -> Reply:
-    call = {"id": "call_t", "type": "function", "function": {"name": "get_time",
-                                                            "arguments": "{}"}}
-    if body.get("tools") and body.get("stream"):
-        return Reply(events=[chunk({"role": "assistant", "tool_calls": [{"index": 0, **call}]}),
-                             chunk({}, "tool_calls")])
     if body.get("tools"):
-        return completion({"content": None, "tool_calls": [call]}, finish="tool_calls")
+        return completion({"content": None, "tool_calls": [
+            {"id": "call_t", "type": "function", "function": {"name": "get_time",
+                                                              "arguments": "{}"}}]},
+            finish="tool_calls")
     if body.get("stream"):
         return Reply(events=[chunk({"reasoning_content": "17*23 = 391"}),
                              chunk({"content": "391"}), chunk({}, "stop")])

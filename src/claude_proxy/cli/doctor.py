@@ -8,10 +8,11 @@ go to the Responses API are asked there, and the report says whether reasoning s
 back (or were refused) and whether encrypted reasoning did.
 
 A small local model may make about 20 tokens a second and ramble to its limit, so every probe
-asks for few tokens and stops reading as soon as its verdict is known (the first chunk says the
-model answers; the first reasoning text says where reasoning is carried; the first tool call
-that the model calls tools). Each line is printed as its check completes, and each provider
-gets a time limit (`--time-limit`), after which its remaining checks are reported as not run.
+asks for few tokens (8 for the basic request, 64 for the tool, 1 for llama-server's template
+measure) and the streamed reasoning probe stops reading as soon as its verdict is known (the
+first reasoning text says where reasoning is carried; a first answer with none before it says
+there is none). Each line is printed as its check completes, and each provider gets a time
+limit (`--time-limit`), after which its remaining checks are reported as not run.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def describe_failure(error: ProxyError) -> Check:
 
 
 def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": model, "max_tokens": 16,
+    request: dict[str, Any] = {"model": model, "max_tokens": 8,
                                "messages": [{"role": "user", "content": "Reply with: ok"}]}
     request.update(fields)
     return request
@@ -122,10 +123,9 @@ async def check_model(client: OpenAIClient, settings: ProviderSettings, model: s
     if responses.uses_responses(model, settings):
         await check_responses_model(client, settings, model, report)
         return
-    plain = convert_request(anthropic_request(model, stream=True,
-                                              thinking={"type": "disabled"}), settings)
-    try:  # the first chunk tells: reachable, key accepted, model known
-        await (await client.open_stream(plain.body)).aclose()
+    plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
+    try:  # not streamed, as before: a server refusing stream_options still passes here
+        await client.complete(plain.body)
     except ProxyError as error:
         report.add(describe_failure(error))
         return
@@ -173,21 +173,19 @@ async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, mode
     return Check("reasoning", True, f"sent {sent}; text in {where}")
 
 
-def _calls_a_tool(delta: dict[str, Any]) -> bool | None:
-    return True if delta.get("tool_calls") else None
-
-
 async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
-    """Streamed, as Claude Code asks: read until the first tool call, or to the (short) end."""
+    """Not streamed (as before, so the verdicts stay those of a plain request), 64 tokens at
+    most: enough for a call, little for a model that answers in prose."""
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                stream=True, max_tokens=64,
+                                max_tokens=64,
                                 messages=[{"role": "user", "content":
                                            "What time is it? Use the get_time tool."}])
     try:
-        stream = await client.open_stream(convert_request(request, settings).body)
-        called = await first_verdict(stream, _calls_a_tool)
+        completion = await client.complete(convert_request(request, settings).body)
     except ProxyError as error:
         return Check("tools", False, f"rejected ({error.status}: {error.message})")
+    choices = completion.get("choices") or [{}]
+    called = bool((choices[0].get("message") or {}).get("tool_calls"))
     return Check("tools", True, "accepted; the model called get_time" if called
                  else "accepted (the model answered without calling the tool)")
 
