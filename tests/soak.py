@@ -432,12 +432,18 @@ def figures(soak: Soak, ledger: Ledger) -> Figures:
         expected = sum(COST[a.provider] for a in served if a.key == key and a.provider)
         charged_cut = sum(float(entries[a.session]["cost_usd"]) for a in cut
                           if a.key == key and a.session in entries)
-        me = httpx.get(f"{url}/v1/usage/me", headers={"x-api-key": KEYS[key]}, timeout=30)
-        spent = float(me.json()["period_usd"])
+        seen = [float(httpx.get(f"{replica.url}/v1/usage/me", timeout=30,
+                                headers={"x-api-key": KEYS[key]}).json()["period_usd"])
+                for replica in soak.replicas]
+        spent = seen[0]
         logged = sum(float(entries[a.session]["cost_usd"]) for a in attempts
                      if a.key == key and a.session in entries)
-        spend_lines.append(f"  {key}: spend ${spent:.4f}; served ${expected:.4f} + cut "
-                           f"${charged_cut:.4f}; usage log ${logged:.4f}")
+        spend_lines.append(f"  {key}: spend ${spent:.4f} (replica 2 sees ${seen[1]:.4f}); "
+                           f"served ${expected:.4f} + cut ${charged_cut:.4f}; usage log "
+                           f"${logged:.4f}")
+        if abs(seen[1] - seen[0]) > 1e-4:
+            failures.append(f"spend of {key}: the replicas disagree (${seen[0]:.6f}, "
+                            f"${seen[1]:.6f})")
         if abs(spent - expected - charged_cut) > 1e-4 or abs(logged - spent) > 1e-4:
             failures.append(f"spend of {key}: ${spent:.6f}, prices of what was served "
                             f"${expected + charged_cut:.6f}, usage log ${logged:.6f}")
