@@ -21,6 +21,7 @@ At the end it prints the figures and checks:
 - no budget was exceeded by more than the requests in flight when it was reached.
 
 `python -m tests.soak --seconds 600` (`make soak`); tests/test_soak.py runs a minute of it.
+SOAK_LOG_LEVEL=INFO keeps the replicas' state lines (Redis lost and back) in their logs.
 """
 
 from __future__ import annotations
@@ -327,7 +328,8 @@ def fleet(seconds: float, folder: Path) -> Iterator[Soak]:
     env = clean_env(folder, ANTHROPIC_API_KEY=ADMIN_KEY, REDIS_URL=redis.url,
                     REDIS_PREFIX=f"soak-{uuid.uuid4().hex[:8]}:", REDIS_TIMEOUT="0.2",
                     SOAK_KEY_ANA=KEYS["ana"], SOAK_KEY_BEN=KEYS["ben"],
-                    DATA_DIR=str(folder / "data"), LOG_LEVEL="WARNING")
+                    DATA_DIR=str(folder / "data"),
+                    LOG_LEVEL=os.environ.get("SOAK_LOG_LEVEL", "WARNING"))
     replicas = [Replica(config, env, folder) for _ in range(2)]
     soak = Soak(seconds, folder, redis, alpha, beta, replicas, budget)
     try:
