@@ -34,6 +34,7 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
                "SOAK_SECONDS": "Makefile",
+               "SOAK_LOG_LEVEL": "tests/soak.py",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
                "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
                **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
