@@ -4,12 +4,20 @@ FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+# binutils' strip, for this stage only: the wheels' extension modules keep their debug symbols
+# (uvloop's 13.6 MB are 2.2 MB stripped; 20 MB in all).
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+       binutils >/dev/null \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
+# pip and setuptools are build tools: uninstalled once the proxy is in (no cache is kept).
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install '.[otel]' \
-    && /opt/venv/bin/pip uninstall --yes pip setuptools
+    && /opt/venv/bin/pip uninstall --yes pip setuptools \
+    && find /opt/venv -name '*.so' -exec strip --strip-unneeded {} +
 
 # Final stage: the base image, one unprivileged user and the virtualenv.
 FROM python:3.11-slim

@@ -99,6 +99,13 @@ test-claude-latest: $(VENV)/.installed-test
 test-container: $(VENV)/.installed-test
 	$(BIN)/python -m tests.container
 
+## soak: ten minutes of the whole fleet (2 replicas x 2 workers, one Redis, team keys and a
+## budget) through its faults, then its figures; `make test` runs a minute of it
+## (tests/test_soak.py). SOAK_SECONDS changes the length.
+SOAK_SECONDS ?= 600
+soak: $(VENV)/.installed-test redis
+	$(BIN)/python -m tests.soak --seconds $(SOAK_SECONDS)
+
 ## lint: ruff, and the import contracts of pyproject.toml (the layers of docs/development.md)
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests
@@ -116,11 +123,6 @@ unit: $(VENV)/.installed-test $(JS_CLIENTS)
 ## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench $(BENCH_ARGS)
-
-## soak: the fleet (two replicas x two workers, one Redis) for ten minutes under faults: Redis
-## killed and restarted, the upstream down, a replica SIGKILLed (`make test` runs a minute of it)
-soak: $(VENV)/.installed-test redis
-	$(BIN)/python -m tests.soak --seconds $(or $(SOAK_SECONDS),600)
 
 ## bench-redis: CPU per request and added latency with REDIS_URL vs in-process state
 bench-redis: $(VENV)/.installed-test redis

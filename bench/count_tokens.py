@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bpe_openai
 import httpx
+import toktok
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -37,7 +37,6 @@ from claude_proxy.server.app import create_app
 
 TARGET_ERROR = 0.05
 """count_tokens within 5 % of the upstream's next reported prompt tokens, after turn 1."""
-_ENCODING = bpe_openai.get_encoding("cl100k_base")
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking",
                 "output_config")
 
@@ -57,7 +56,7 @@ def upstream_tokens(body: dict[str, Any]) -> int:
     """The scripted upstream's own count of a request it receives (its 'tokenizer')."""
     sent = json.dumps({"messages": body.get("messages"), "tools": body.get("tools")},
                       ensure_ascii=False)
-    return len(_ENCODING.encode_ordinary(sent))
+    return int(toktok.batch_count([sent], "cl100k_base", threads=1)[0])
 
 
 def reporting(body: dict[str, Any]) -> Reply:

@@ -1,18 +1,27 @@
-"""A soak test of the whole fleet: two replicas × two workers on one real Redis, clients
-streaming and not with team keys (one with a budget), while Redis is killed and restarted, the
-upstream fails and recovers, and one replica is killed with SIGKILL and restarted.
+"""`make soak`: the whole fleet under load, through its faults, and what it lost or doubled.
 
-At the end it checks, from the clients' side and from what the fleet kept:
-- every request was answered — a success, or an Anthropic-shaped error — and none hung past
-  its timeout; only requests in flight on the replica when it was killed may have been cut;
-- the usage log holds exactly one entry per served request (each request carries its own
-  session id, which its entry names) and none for a request that was not served;
-- the spend of each key equals the sum of the prices of what it was served;
-- the dashboard lists every served request among its last rows;
-- the budgeted key's spend passed its budget by no more than the requests then in flight.
+Two replicas of `claude-proxy --workers 2` on one real Redis (Debian's redis-server, its
+append-only file fsynced on every write, as a deployment that keeps state runs it), two
+scripted upstreams (alpha, the default route; beta, its fallback) and client threads for two
+team keys (one with a daily budget that the run reaches), streaming and not. Each client
+request carries its own `x-claude-code-session-id`, so the usage log says which requests it
+holds. During the run, at fixed shares of it: Redis is killed and restarted, alpha fails (500)
+and recovers, one replica is killed with SIGKILL (its whole process group) and restarted. A
+client whose replica refuses the connection, or cuts it, goes to the other one, as a load
+balancer would (the cut attempt counts as a request of its own).
 
-`make soak` runs it for ten minutes; `tests/test_soak.py` for about a minute in `make test`;
-`python -m tests.soak --seconds N` prints the figures.
+At the end it prints the figures and checks:
+- every client request was answered: a success, or an Anthropic-shaped error (status and
+  `{"type":"error",...}` body, or a stream ending in an `error` event); none hung past its
+  timeout; connections cut only by the SIGKILL;
+- the usage log holds exactly one entry per served request (none lost, none doubled), and
+  entries for no other request but those cut mid-stream;
+- each key's spend equals the sum of the prices of what it was served (alpha's or beta's);
+- the dashboard (any replica's, the fleet's view) lists every request that reached a proxy;
+- no budget was exceeded by more than the requests in flight when it was reached.
+
+`python -m tests.soak --seconds 600` (`make soak`); tests/test_soak.py runs a minute of it.
+SOAK_LOG_LEVEL=INFO keeps the replicas' state lines (Redis lost and back) in their logs.
 """
 
 from __future__ import annotations
@@ -26,414 +35,476 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
-from tests.conftest import CLIENT_KEY, TEAM_KEYS, clean_env, eventually, free_port, serving
-from tests.scripted_upstream import (
-    Reply,
-    ScriptedUpstream,
-    completion,
-    error_reply,
-    text_stream,
-)
+from tests.conftest import RedisServer, clean_env, eventually, free_port
+from tests.scripted_upstream import ScriptedUpstream, completion, error_reply, text_stream
 
-PROMPT, OUTPUT = 40_000, 8_000
-"""Every answer's usage; at alpha's prices (3 and 15 $/Mtok) that is $0.24 a request."""
-COST = (3.0 * PROMPT + 15.0 * OUTPUT) / 1e6
-BUDGET = 2.4
-"""carol's daily budget: ten requests' worth."""
+ADMIN_KEY = "sk-soak-admin-0123456789"
+KEYS = {"ana": "sk-soak-ana-0123456789", "ben": "sk-soak-ben-0123456789"}
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}
+PRICES = {"alpha": (3.0, 15.0), "beta": (0.5, 1.5)}
+"""USD per million input and output tokens."""
+COST = {name: (i * USAGE["prompt_tokens"] + o * USAGE["completion_tokens"]) / 1e6
+        for name, (i, o) in PRICES.items()}
+BUDGET_PER_MINUTE = 0.25
+"""ana's daily budget per minute of run: reached about halfway."""
+CLIENTS_PER_KEY = 3
 TIMEOUT = 30.0
-"""A client's timeout; a request that takes longer has hung."""
-ANSWER = "soak answer"
+FAULTS = ((0.15, "redis killed"), (0.30, "redis restarted"), (0.40, "alpha fails"),
+          (0.55, "alpha recovers"), (0.65, "replica 2 killed (SIGKILL)"),
+          (0.75, "replica 2 restarted"))
+
 CONFIG = """
 [providers.alpha]
-openai_base_url = "{url}"
-openai_api_key = "sk-upstream-soak-0123456789abcdef"
+openai_base_url = "{alpha}"
+openai_api_key = "sk-soak-upstream"
 provider = "openai"
-big_model = "alpha-big"
-middle_model = "alpha-middle"
-small_model = "alpha-small"
+big_model = "alpha-model"
+middle_model = "alpha-model"
+small_model = "alpha-model"
 retry_base_delay = 0
 max_retries = 0
-price_input = 3.0
-price_output = 15.0
+price_input = {alpha_in}
+price_output = {alpha_out}
 
-[keys.alice]
-key = "env:ALICE_PROXY_KEY"
+[providers.beta]
+openai_base_url = "{beta}"
+openai_api_key = "sk-soak-upstream"
+provider = "openai"
+big_model = "beta-model"
+middle_model = "beta-model"
+small_model = "beta-model"
+retry_base_delay = 0
+max_retries = 0
+price_input = {beta_in}
+price_output = {beta_out}
 
-[keys.carol]
-key = "env:CAROL_PROXY_KEY"
+[router]
+default = "alpha,alpha-model"
+fallback = ["beta,beta-model"]
+cooldown_failures = 2
+cooldown_seconds = 3
+
+[keys.ana]
+key = "env:SOAK_KEY_ANA"
 budget_usd = {budget}
 budget_period = "day"
+
+[keys.ben]
+key = "env:SOAK_KEY_BEN"
 """
 
 
-@dataclass
-class Outcome:
-    """One client request, as the client saw it."""
-
-    session: str
-    key: str
-    stream: bool
-    replica: int
-    started: float
-    finished: float = 0.0
-    kind: str = "pending"
-    """`served`, `error` (Anthropic-shaped), `cut` (connection lost mid-request), `hung`
-    (timed out) or `garbled` (neither an answer nor an Anthropic error)."""
-    detail: str = ""
-    request_id: str = ""
+# ---------------------------------------------------------------- the pieces
 
 
-@dataclass
-class Timeline:
-    """When each fault was made (monotonic seconds)."""
+class Upstream(ScriptedUpstream):
+    """A scripted upstream answering `<name> answer` with USAGE, or 500 while `failing`."""
 
-    moments: dict[str, float] = field(default_factory=dict)
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.failing = False
+        self.responder = self.answer
 
-    def mark(self, name: str) -> None:
-        self.moments[name] = time.monotonic()
+    def answer(self, body: dict[str, Any]) -> Any:
+        if self.failing:
+            return error_reply(500, f"{self.name} is down")
+        if body.get("stream"):
+            return text_stream([f"{self.name} ", "answer"], usage=USAGE)
+        return completion({"content": f"{self.name} answer"}, usage=USAGE)
 
 
-class SoakRedis:
-    """redis-server with an append-only file, so that a restart keeps what was written (as a
-    deployment that keeps usage in Redis runs it)."""
+class DurableRedis(RedisServer):
+    """redis-server as a deployment that keeps state runs it: append-only file, fsync on every
+    write, so a SIGKILL loses nothing it acknowledged. (Without persistence, what Redis held
+    dies with it: the proxy adds back only what it counted while Redis was away.)"""
 
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
+    def start(self) -> DurableRedis:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        assert eventually(lambda: _pings(client), timeout=30), "redis-server did not start"
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=15)
-            self.process = None
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
+        assert eventually(self.answers, timeout=30), "redis-server did not start"
+        return self
 
 
 class Replica:
-    """One `claude-proxy --workers 2` process group on a fixed port."""
+    """One `claude-proxy --workers 2` in its own process group (SIGKILL takes all of it)."""
 
-    def __init__(self, config: Path, env: dict[str, str], directory: Path) -> None:
+    def __init__(self, config: Path, env: dict[str, str], folder: Path) -> None:
+        self.config, self.env, self.folder = config, env, folder
         self.port = free_port()
-        self.config, self.env, self.directory = config, env, directory
+        self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def start(self) -> None:
+        log = (self.folder / f"replica-{self.port}.out").open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "claude_proxy", "--config", str(self.config), "--workers",
-             "2", "--host", "127.0.0.1", "--port", str(self.port)], env=self.env,
-            cwd=self.directory, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, "-m", "claude_proxy", "--config", str(self.config), "--host",
+             "127.0.0.1", "--port", str(self.port), "--workers", "2"],
+            env=self.env, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
-        assert eventually(lambda: serving(self.url), timeout=60), "a replica did not start"
+        assert eventually(self.serving, timeout=60), f"replica {self.url} did not start"
+
+    def serving(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: the supervisor and its workers die at once."""
         if self.process is not None:
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=15)
+            self.process.wait(timeout=30)
             self.process = None
 
     def stop(self) -> None:
         if self.process is not None:
             os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
             self.process = None
-
-
-class FlakyUpstream:
-    """Answers with a fixed usage; fails every request (HTTP 500) while `failing` is set."""
-
-    def __init__(self) -> None:
-        self.server = ScriptedUpstream().start()
-        self.failing = threading.Event()
-        self.server.responder = self.respond
-
-    def respond(self, body: dict[str, Any]) -> Reply:
-        if self.failing.is_set():
-            return error_reply(500, "the upstream is down (soak)")
-        usage = {"prompt_tokens": PROMPT, "completion_tokens": OUTPUT,
-                 "total_tokens": PROMPT + OUTPUT}
-        if body.get("stream"):
-            return text_stream(["soak ", "answer"], usage=usage)
-        return completion({"content": ANSWER}, usage=usage)
 
 
 # ---------------------------------------------------------------- the clients
 
 
-def ask(client: httpx.Client, url: str, outcome: Outcome) -> None:
-    """One request; fills in `outcome`. Raises httpx.ConnectError when nobody listens (the
-    caller tries the other replica, as a load balancer would)."""
-    body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "stream": outcome.stream,
-            "messages": [{"role": "user", "content": f"soak {outcome.session}"}]}
-    headers = {"x-api-key": TEAM_KEYS[outcome.key],
-               "x-claude-code-session-id": outcome.session}
-    try:
-        with client.stream("POST", f"{url}/v1/messages", json=body, headers=headers) as answer:
-            outcome.request_id = answer.headers.get("request-id", "")
-            text = answer.read().decode()
-            outcome.kind, outcome.detail = judged(answer.status_code, text, outcome.stream)
-    except httpx.ConnectError:
-        raise
-    except httpx.TimeoutException:
-        outcome.kind = "hung"
-    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as exc:
-        outcome.kind, outcome.detail = "cut", type(exc).__name__
-    outcome.finished = time.monotonic()
+@dataclass
+class Attempt:
+    """One HTTP request a client made, and how it ended."""
+
+    key: str
+    stream: bool
+    session: str
+    url: str
+    outcome: str = ""
+    """served | error | cut (the connection broke after it was sent) | refused | hung |
+    malformed"""
+    request_id: str | None = None
+    provider: str | None = None
+    error_type: str | None = None
+    ended: float = 0.0
 
 
-def judged(status: int, text: str, stream: bool) -> tuple[str, str]:
-    """served / error / garbled, from the whole answer."""
-    if status == 200 and stream:
-        events = [json.loads(line[6:]) for line in text.splitlines()
+@dataclass
+class Ledger:
+    """What the clients saw, shared by their threads."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, attempt: Attempt) -> None:
+        attempt.ended = time.monotonic()
+        with self.lock:
+            self.attempts.append(attempt)
+
+
+def anthropic_error(data: Any) -> str | None:
+    """The error type of an Anthropic-shaped error body, else None."""
+    if isinstance(data, dict) and data.get("type") == "error":
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error.get("type"))
+    return None
+
+
+def judge(attempt: Attempt, response: httpx.Response, body: bytes) -> None:
+    """served, or an Anthropic-shaped error, or malformed; which upstream answered."""
+    attempt.request_id = response.headers.get("request-id")
+    if response.status_code != 200:
+        try:
+            attempt.error_type = anthropic_error(json.loads(body))
+        except ValueError:
+            attempt.error_type = None
+        attempt.outcome = "error" if attempt.error_type else "malformed"
+        return
+    if attempt.stream:
+        events = [json.loads(line[6:]) for line in body.decode().splitlines()
                   if line.startswith("data: ")]
-        kinds = [event.get("type") for event in events]
-        said = "".join(event["delta"].get("text", "") for event in events
-                       if event.get("type") == "content_block_delta")
-        if said == ANSWER and kinds[-1:] == ["message_stop"]:
-            return "served", ""
-        if "error" in kinds:
-            return "error", json.dumps(events[-1])[:200]
-        return "garbled", text[-200:]
-    if status == 200:
-        content = json.loads(text).get("content") or [{}]
-        return ("served", "") if content[0].get("text") == ANSWER else ("garbled", text[:200])
+        last = events[-1] if events else {}
+        text = "".join(e["delta"].get("text", "") for e in events
+                       if e.get("type") == "content_block_delta")
+        if last.get("type") == "error":
+            attempt.error_type = anthropic_error(last)
+            attempt.outcome = "error" if attempt.error_type else "malformed"
+            return
+        complete = last.get("type") == "message_stop"
+    else:
+        message = json.loads(body)
+        text = "".join(block.get("text", "") for block in message.get("content") or [])
+        complete = message.get("type") == "message"
+    provider = text.removesuffix(" answer")
+    attempt.provider = provider if provider in PRICES else None
+    attempt.outcome = "served" if complete and attempt.provider else "malformed"
+
+
+def one_request(url: str, key: str, stream: bool, ledger: Ledger) -> Attempt:
+    attempt = Attempt(key, stream, str(uuid.uuid4()), url)
+    headers = {"x-api-key": KEYS[key], "x-claude-code-session-id": attempt.session}
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "stream": stream,
+            "messages": [{"role": "user", "content": "soak"}]}
     try:
-        error = json.loads(text)
-    except ValueError:
-        return "garbled", f"{status} {text[:200]}"
-    if error.get("type") == "error" and isinstance(error.get("error"), dict):
-        return "error", f"{status} {error['error'].get('type')}"
-    return "garbled", f"{status} {text[:200]}"
+        with httpx.stream("POST", f"{url}/v1/messages", json=body, headers=headers,
+                          timeout=httpx.Timeout(TIMEOUT, connect=2)) as response:
+            judge(attempt, response, response.read())
+    except httpx.ConnectError:
+        attempt.outcome = "refused"
+    except httpx.TimeoutException:
+        attempt.outcome = "hung"
+    except (httpx.TransportError, ValueError):
+        attempt.outcome = "cut"
+    ledger.add(attempt)
+    return attempt
 
 
-def client_loop(number: int, urls: list[str], until: float, outcomes: list[Outcome],
-                lock: threading.Lock) -> None:
-    """Requests one after another until `until`: alternate replicas, keys and streaming."""
-    count = 0
-    with httpx.Client(timeout=TIMEOUT) as client:
-        while time.monotonic() < until:
-            count += 1
-            outcome = Outcome(session=f"soak-{number}-{count}",
-                              key="carol" if count % 5 == 0 else "alice",
-                              stream=count % 2 == 0, replica=(number + count) % len(urls),
-                              started=time.monotonic())
-            for attempt in range(len(urls) * 10):
-                replica = (outcome.replica + attempt) % len(urls)
-                try:
-                    outcome.replica = replica
-                    ask(client, urls[replica], outcome)
-                    break
-                except httpx.ConnectError:
-                    time.sleep(0.1)
-            else:
-                outcome.kind, outcome.finished = "hung", time.monotonic()
-            with lock:
-                outcomes.append(outcome)
+def client(number: int, key: str, urls: list[str], until: float, ledger: Ledger) -> None:
+    """Requests one after the other, streamed and not in turn, spread over the replicas; a
+    refused or cut attempt goes once to the other replica (a load balancer's failover)."""
+    sent = 0
+    while time.monotonic() < until:
+        url = urls[(number + sent) % len(urls)]
+        stream = (number + sent) % 2 == 0
+        attempt = one_request(url, key, stream, ledger)
+        if attempt.outcome in ("refused", "cut"):
+            other = urls[(number + sent + 1) % len(urls)]
+            one_request(other, key, stream, ledger)
+        sent += 1
 
 
 # ---------------------------------------------------------------- the run
 
 
 @dataclass
-class Report:
+class Soak:
     seconds: float
-    outcomes: list[Outcome]
-    timeline: Timeline
-    entries: list[dict[str, Any]]
-    spend: dict[str, float]
-    listed: set[str]
-    rows_limit: int
-    problems: list[str] = field(default_factory=list)
-    lost_to_kill: list[str] = field(default_factory=list)
-    """Dashboard rows of requests the killed replica served in its last second (a row is
-    written after the answer, off its critical path; usage is not: it is never lost)."""
+    folder: Path
+    redis: DurableRedis
+    alpha: Upstream
+    beta: Upstream
+    replicas: list[Replica]
+    budget: float
+    started: float = 0.0
+    events: list[str] = field(default_factory=list)
+    killed_at: float = 0.0
 
-    def figures(self) -> str:
-        kinds = Counter(outcome.kind for outcome in self.outcomes)
-        served = [o for o in self.outcomes if o.kind == "served"]
-        lines = [f"soak: {self.seconds:.0f} s, {len(self.outcomes)} requests "
-                 f"({sum(o.stream for o in self.outcomes)} streamed): "
-                 + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())),
-                 f"usage entries {len(self.entries)} for {len(served)} served requests",
-                 "spend: " + ", ".join(f"{key} ${amount:.2f}" for key, amount
-                                       in sorted(self.spend.items()))
-                 + f" (carol's budget ${BUDGET:.2f})",
-                 f"dashboard: {len(self.listed)} rows listed (limit {self.rows_limit}); rows "
-                 f"of the killed replica's last second lost: {len(self.lost_to_kill)}",
-                 "faults at: " + ", ".join(f"{name} {moment - self.timeline.moments['start']:.1f}s"
-                                           for name, moment in self.timeline.moments.items()
-                                           if name != "start")]
-        return "\n".join(lines + [f"PROBLEM: {problem}" for problem in self.problems])
-
-
-def run_soak(seconds: float, clients: int = 6, directory: Path | None = None) -> Report:
-    with tempfile.TemporaryDirectory(prefix="soak-") as scratch:
-        return _run(seconds, clients, directory or Path(scratch))
+    def fault(self, what: str) -> None:
+        """One of FAULTS, done now."""
+        if what == "redis killed":
+            self.redis.kill()
+        elif what == "redis restarted":
+            self.redis.start()
+        elif what == "alpha fails":
+            self.alpha.failing = True
+        elif what == "alpha recovers":
+            self.alpha.failing = False
+        elif what.startswith("replica 2 killed"):
+            self.killed_at = time.monotonic()
+            self.replicas[1].kill()
+        elif what == "replica 2 restarted":
+            self.replicas[1].start()
+        self.events.append(f"{time.monotonic() - self.started:6.1f} s  {what}")
 
 
-def _run(seconds: float, clients: int, directory: Path) -> Report:
-    upstream = FlakyUpstream()
-    store = SoakRedis(directory)
-    store.start()
-    prefix = f"soak-{os.getpid()}:"
-    config = directory / "proxy.toml"
-    config.write_text(CONFIG.format(url=upstream.server.base_url, budget=BUDGET))
-    env = clean_env(directory, REDIS_URL=store.url, REDIS_PREFIX=prefix, REDIS_TIMEOUT="0.2",
-                    ANTHROPIC_API_KEY=CLIENT_KEY, ALICE_PROXY_KEY=TEAM_KEYS["alice"],
-                    CAROL_PROXY_KEY=TEAM_KEYS["carol"], LOG_LEVEL="WARNING")
-    replicas = [Replica(config, env, directory) for _ in range(2)]
-    timeline, outcomes, lock = Timeline(), [], threading.Lock()
+@contextmanager
+def fleet(seconds: float, folder: Path) -> Iterator[Soak]:
+    redis = DurableRedis(free_port(), folder).start()
+    alpha, beta = Upstream("alpha").start(), Upstream("beta").start()
+    budget = round(BUDGET_PER_MINUTE * seconds / 60, 4)
+    config = folder / "proxy.toml"
+    config.write_text(CONFIG.format(alpha=alpha.base_url, beta=beta.base_url, budget=budget,
+                                    alpha_in=PRICES["alpha"][0], alpha_out=PRICES["alpha"][1],
+                                    beta_in=PRICES["beta"][0], beta_out=PRICES["beta"][1]))
+    env = clean_env(folder, ANTHROPIC_API_KEY=ADMIN_KEY, REDIS_URL=redis.url,
+                    REDIS_PREFIX=f"soak-{uuid.uuid4().hex[:8]}:", REDIS_TIMEOUT="0.2",
+                    SOAK_KEY_ANA=KEYS["ana"], SOAK_KEY_BEN=KEYS["ben"],
+                    DATA_DIR=str(folder / "data"),
+                    LOG_LEVEL=os.environ.get("SOAK_LOG_LEVEL", "WARNING"))
+    replicas = [Replica(config, env, folder) for _ in range(2)]
+    soak = Soak(seconds, folder, redis, alpha, beta, replicas, budget)
     try:
         for replica in replicas:
             replica.start()
-        urls = [replica.url for replica in replicas]
-        timeline.mark("start")
-        until = time.monotonic() + seconds
-        threads = [threading.Thread(target=client_loop, args=(n, urls, until, outcomes, lock))
-                   for n in range(clients)]
-        for thread in threads:
-            thread.start()
-        for name, share, fault in faults(store, upstream, replicas[1]):
-            time.sleep(max(0.0, timeline.moments["start"] + share * seconds - time.monotonic()))
-            timeline.mark(name)  # as it begins: a kill's effects come before it returns
-            fault()
-        for thread in threads:
-            thread.join(timeout=seconds + TIMEOUT * 3)
-        time.sleep(1.0)  # the writes of the last requests reach Redis (FLUSH_DELAY is 50 ms)
-        entries, spend, listed, limit = collected(store, prefix, urls)
+        yield soak
     finally:
         for replica in replicas:
             replica.stop()
-        store.kill()
-        upstream.server.stop()
-    report = Report(seconds, outcomes, timeline, entries, spend, listed, limit)
-    check(report)
-    return report
+        if redis.process is None:
+            redis.start()
+        redis.kill()
+        alpha.stop()
+        beta.stop()
 
 
-def faults(store: SoakRedis, upstream: FlakyUpstream,
-           victim: Replica) -> Iterator[tuple[str, float, Callable[[], None]]]:
-    """The faults, in order, at their share of the run."""
-    yield "redis killed", 0.15, store.kill
-    yield "redis restarted", 0.30, store.start
-    yield "upstream failing", 0.40, upstream.failing.set
-    yield "upstream back", 0.50, upstream.failing.clear
-    yield "replica killed", 0.65, victim.kill
-    yield "replica restarted", 0.75, victim.start
+def run(soak: Soak) -> Ledger:
+    """The clients for `soak.seconds`, with FAULTS at their shares of it."""
+    ledger = Ledger()
+    urls = [replica.url for replica in soak.replicas]
+    soak.started = time.monotonic()
+    until = soak.started + soak.seconds
+    threads = [threading.Thread(target=client, args=(n, key, urls, until, ledger), daemon=True)
+               for key in KEYS for n in range(CLIENTS_PER_KEY)]
+    for thread in threads:
+        thread.start()
+    for share, what in FAULTS:
+        time.sleep(max(0.0, soak.started + share * soak.seconds - time.monotonic()))
+        soak.fault(what)
+    for thread in threads:
+        thread.join(timeout=TIMEOUT * 3)
+    assert not any(thread.is_alive() for thread in threads), "a client never finished"
+    return ledger
 
 
-def collected(store: SoakRedis, prefix: str,
-              urls: list[str]) -> tuple[list[dict[str, Any]], dict[str, float], set[str], int]:
-    """The usage log (read from Redis itself), each key's spend (/v1/usage), and the request
-    ids the dashboard lists (its live feed's first event)."""
-    client = redis.Redis(port=store.port)
-    entries = [json.loads(fields[b"e"]) for _, fields in client.xrange(prefix + "usage")]
-    admin = {"x-api-key": CLIENT_KEY}
-    usage = httpx.get(f"{urls[0]}/v1/usage?group_by=key", headers=admin, timeout=30).json()
-    spend = {row["key"]: float(row["cost_usd"]) for row in usage["data"]}
-    with httpx.stream("GET", f"{urls[0]}/ui/feed", headers=admin, timeout=30) as feed:
-        hello = next(json.loads(line[6:]) for line in feed.iter_lines()
-                     if line.startswith("data: "))
-    return entries, spend, {str(row["id"]) for row in hello["requests"]}, hello["rows_limit"]
+# ---------------------------------------------------------------- the figures
 
 
-def check(report: Report) -> None:
-    problems, moments = report.problems, report.timeline.moments
-    killed = moments.get("replica killed", float("inf"))
-    restarted = moments.get("replica restarted", float("inf"))
+def admin_get(url: str, path: str) -> Any:
+    response = httpx.get(f"{url}{path}", headers={"x-api-key": ADMIN_KEY}, timeout=30)
+    response.raise_for_status()
+    return response.json()
 
-    def near_the_kill(outcome: Outcome) -> bool:
-        """Served by the killed replica in the second before it died."""
-        return outcome.replica == 1 and killed - 1.0 <= outcome.finished <= killed
 
-    for outcome in report.outcomes:
-        if outcome.kind in ("hung", "garbled"):
-            problems.append(f"{outcome.session} {outcome.kind}: {outcome.detail}")
-        elif outcome.kind == "cut" and not (outcome.replica == 1 and outcome.started <= restarted
-                                            and outcome.finished >= killed):
-            # in flight when it died, or sent on a connection opened before (the client's
-            # first try after the kill finds it dead)
-            start = moments["start"]
-            problems.append(f"{outcome.session} cut outside the SIGKILL: {outcome.detail} "
-                            f"(replica {outcome.replica}, {outcome.started - start:.2f}-"
-                            f"{outcome.finished - start:.2f}s)")
-    served = {o.session: o for o in report.outcomes if o.kind == "served"}
-    cut = {o.session for o in report.outcomes if o.kind == "cut"}
-    if not served:
-        problems.append("no request was served")
-    counted = Counter(str(entry.get("session")) for entry in report.entries)
-    for session, count in counted.items():
-        if count > 1:
-            problems.append(f"{session}: {count} usage entries")
-        elif session not in served and session not in cut:  # cut: answered, then killed
-            problems.append(f"{session}: a usage entry for a request that was not served")
-    for session in served:
-        if not counted[session]:
-            problems.append(f"{session}: served, but no usage entry")
-    for key in ("alice", "carol"):
-        priced = sum(float(entry["cost_usd"]) for entry in report.entries
-                     if entry.get("key") == key)
-        if abs(report.spend.get(key, 0.0) - priced) > 1e-6:
-            problems.append(f"{key}: spend ${report.spend.get(key, 0.0):.4f} is not the sum "
-                            f"of its entries ${priced:.4f}")
-        entries = sum(entry.get("key") == key for entry in report.entries)
-        if abs(priced - entries * COST) > 1e-6:
-            problems.append(f"{key}: ${priced:.4f} is not {entries} requests × ${COST}")
-    clients = len({o.session.split("-")[1] for o in report.outcomes})
-    if report.spend.get("carol", 0.0) > BUDGET + clients * COST + 1e-6:
-        problems.append(f"carol spent ${report.spend['carol']:.2f} on a ${BUDGET} budget")
-    recent = [o for o in sorted(served.values(), key=lambda o: o.finished)
-              if o.request_id][-report.rows_limit // 2:]
-    missing = [o.request_id for o in recent if o.request_id not in report.listed
-               and not near_the_kill(o)]  # a row is written just after the answer
-    report.lost_to_kill = [o.request_id for o in recent if o.request_id not in report.listed
-                           and near_the_kill(o)]
+def dashboard_ids(url: str) -> tuple[set[str], int]:
+    """The request ids the dashboard's page gets first (its `hello`), and its row limit."""
+    with httpx.stream("GET", f"{url}/ui/feed", headers={"x-api-key": ADMIN_KEY},
+                      timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                hello = json.loads(line[6:])
+                return {str(row["id"]) for row in hello["requests"]}, int(hello["rows_limit"])
+    return set(), 0
+
+
+def where_served(soak: Soak, attempt: Attempt) -> str:
+    """Which replica answered, and when, next to the SIGKILL: where a loss came from."""
+    replica = 1 + [r.url for r in soak.replicas].index(attempt.url)
+    return (f"replica {replica} at {attempt.ended - soak.killed_at:+.2f} s from the SIGKILL"
+            if soak.killed_at else f"replica {replica}")
+
+
+@dataclass
+class Figures:
+    lines: list[str]
+    failures: list[str]
+    attempts: list[Attempt] = field(default_factory=list)
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def figures(soak: Soak, ledger: Ledger) -> Figures:
+    """The numbers of the run, and every check that did not hold."""
+    url = soak.replicas[0].url
+    attempts = ledger.attempts
+    by = {outcome: [a for a in attempts if a.outcome == outcome]
+          for outcome in ("served", "error", "cut", "refused", "hung", "malformed")}
+    served, cut = by["served"], by["cut"]
+    errors: dict[str, int] = {}
+    for attempt in by["error"]:
+        errors[str(attempt.error_type)] = errors.get(str(attempt.error_type), 0) + 1
+    failures = []
+    if by["hung"] or by["malformed"]:
+        failures.append(f"{len(by['hung'])} hung, {len(by['malformed'])} malformed answers")
+    if len(cut) > len(KEYS) * CLIENTS_PER_KEY:
+        failures.append(f"{len(cut)} cut connections: more than the clients at the SIGKILL")
+    # The usage log: one entry per served request, entries for no other but cut ones.
+    assert eventually(lambda: all(r.serving() for r in soak.replicas), timeout=30)
+    rows = admin_get(url, "/v1/usage?group_by=session")["data"]
+    entries = {row["session"]: row for row in rows}
+    lost = [a.session for a in served if a.session not in entries]
+    doubled = [s for s, row in entries.items() if row["requests"] > 1]
+    cut_sessions = {a.session for a in cut}
+    served_sessions = {a.session for a in served}
+    strays = [s for s in entries if s not in served_sessions and s not in cut_sessions]
+    if lost or doubled or strays:
+        failures.append(f"usage log: {len(lost)} served requests missing, {len(doubled)} "
+                        f"doubled, {len(strays)} entries of requests not served")
+    where = [where_served(soak, a) for a in served if a.session not in entries]
+    # Spend: each key's counter against the prices of what it was served.
+    spend_lines = []
+    for key in KEYS:
+        expected = sum(COST[a.provider] for a in served if a.key == key and a.provider)
+        charged_cut = sum(float(entries[a.session]["cost_usd"]) for a in cut
+                          if a.key == key and a.session in entries)
+        seen = [float(httpx.get(f"{replica.url}/v1/usage/me", timeout=30,
+                                headers={"x-api-key": KEYS[key]}).json()["period_usd"])
+                for replica in soak.replicas]
+        spent = seen[0]
+        logged = sum(float(entries[a.session]["cost_usd"]) for a in attempts
+                     if a.key == key and a.session in entries)
+        spend_lines.append(f"  {key}: spend ${spent:.4f} (replica 2 sees ${seen[1]:.4f}); "
+                           f"served ${expected:.4f} + cut ${charged_cut:.4f}; usage log "
+                           f"${logged:.4f}")
+        if abs(seen[1] - seen[0]) > 1e-4:
+            failures.append(f"spend of {key}: the replicas disagree (${seen[0]:.6f}, "
+                            f"${seen[1]:.6f})")
+        if abs(spent - expected - charged_cut) > 1e-4 or abs(logged - spent) > 1e-4:
+            failures.append(f"spend of {key}: ${spent:.6f}, prices of what was served "
+                            f"${expected + charged_cut:.6f}, usage log ${logged:.6f}")
+    # Budget: ana's spend past her budget, at most the requests in flight when reached.
+    ana_spent = float(httpx.get(f"{url}/v1/usage/me", headers={"x-api-key": KEYS["ana"]},
+                                timeout=30).json()["period_usd"])
+    overshoot = max(0.0, ana_spent - soak.budget)
+    allowed = CLIENTS_PER_KEY * max(COST.values())
+    if overshoot > allowed + 1e-9:
+        failures.append(f"ana's budget ${soak.budget:.4f} exceeded by ${overshoot:.4f} (in "
+                        f"flight: at most ${allowed:.4f})")
+    # The dashboard: every request that reached a proxy (the last rows_limit of them).
+    reached = sorted((a for a in attempts if a.request_id), key=lambda a: a.ended)
+    listed, limit = dashboard_ids(url)
+    wanted = {a.request_id for a in reached[-limit:]} if limit else set()
+    missing = sorted(str(r) for r in wanted - listed)
     if missing:
-        problems.append(f"{len(missing)} of the last {len(recent)} served requests are not "
-                        f"on the dashboard (e.g. {missing[0]})")
+        failures.append(f"dashboard: {len(missing)} of the last {len(wanted)} requests not "
+                        "listed")
+    unlisted = [where_served(soak, a) for a in reached[-limit:] if a.request_id in missing]
+    not_listed = f"; missing: {', '.join(unlisted)}" if unlisted else ""
+    lines = [f"soak: {soak.seconds:g} s, 2 replicas x 2 workers, one Redis; "
+             f"{len(KEYS) * CLIENTS_PER_KEY} clients, keys {', '.join(KEYS)} (ana's budget "
+             f"${soak.budget:.4f} a day)", *soak.events,
+             f"requests: {len(attempts)} attempts: {len(served)} served "
+             f"({sum(a.provider == 'alpha' for a in served)} by alpha, "
+             f"{sum(a.provider == 'beta' for a in served)} by beta; "
+             f"{sum(a.stream for a in served)} streamed), {len(by['error'])} Anthropic errors "
+             f"{errors}, {len(cut)} cut by the SIGKILL, {len(by['refused'])} refused "
+             f"connections, {len(by['hung'])} hung, {len(by['malformed'])} malformed",
+             f"usage log: {sum(row['requests'] for row in rows)} entries for "
+             f"{len(served)} served and {len(cut)} cut; {len(lost)} lost, {len(doubled)} "
+             f"doubled, {len(strays)} stray{'; lost: ' + ', '.join(where) if where else ''}",
+             *spend_lines,
+             f"budget: ana spent ${ana_spent:.4f} of ${soak.budget:.4f} (over by "
+             f"${overshoot:.4f}; in flight at most ${allowed:.4f})",
+             f"dashboard: {len(wanted) - len(missing)} of the last {len(wanted)} requests "
+             f"listed (rows limit {limit}){not_listed}"]
+    return Figures(lines, failures, attempts, entries)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def soak(seconds: float, say: Callable[[str], None] = print) -> Figures:
+    with tempfile.TemporaryDirectory(prefix="soak-") as directory, \
+            fleet(seconds, Path(directory)) as running:
+        ledger = run(running)
+        result = figures(running, ledger)
+    for line in result.lines:
+        say(line)
+    for failure in result.failures:
+        say(f"FAIL  {failure}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.soak")
     parser.add_argument("--seconds", type=float, default=600)
-    parser.add_argument("--clients", type=int, default=6)
     args = parser.parse_args()
-    report = run_soak(args.seconds, args.clients)
-    print(report.figures())
-    raise SystemExit(1 if report.problems else 0)
+    return 1 if soak(args.seconds).failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

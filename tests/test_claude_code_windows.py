@@ -77,3 +77,52 @@ def test_a_session_past_the_window_is_refused_before_sending_and_compacts(
     assert model.too_long == [], model.sizes  # none over the window reached the upstream
     assert model.compactions >= 1
     assert max(model.sizes) <= WINDOW
+
+
+class OverflowingMidStream:
+    """Answers the first turn; overflows the second turn after its first text (OpenAI's
+    `context_length_exceeded` as a stream chunk) once; answers a compaction request with a
+    summary, and the rest with FINAL."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.overflowed = 0
+        self.compactions = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        self.bodies.append(body)
+        everything, last = json.dumps(body["messages"]), json.dumps(body["messages"][-3:])
+        if "detailed summary" in last:
+            self.compactions += 1
+            return text_stream(["<summary>The user said hello, then asked again.</summary>"])
+        if "say it again" not in everything:
+            return text_stream(["hello back"])
+        if not self.overflowed:
+            self.overflowed += 1
+            return Reply(events=[chunk({"role": "assistant", "content": "Let me th"}), {
+                "error": {"message": f"This model's maximum context length is {WINDOW} tokens. "
+                          f"However, your messages resulted in {WINDOW + 904} tokens. Please "
+                          "reduce the length of the messages.", "type": "invalid_request_error",
+                          "param": "messages", "code": "context_length_exceeded"}}], done=False)
+        return text_stream([FINAL])
+
+
+def test_an_overflow_event_mid_stream_makes_claude_code_compact(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """The `error` event in Anthropic's overflow wording, after the first text: Claude Code
+    (its own retries on) does not retry the request unchanged; it compacts and goes on."""
+    model = OverflowingMidStream()
+    upstream.responder = model
+    run_claude(tmp_path, proxy, "hello there", retries=True, persist=True)
+    answered = len(SuiteRecord.responses)
+    lines = run_claude(tmp_path, proxy, "say it again", "-c", retries=True, persist=True)
+    assert lines[-1]["is_error"] is False, lines[-1]
+    assert lines[-1]["result"] == FINAL
+    events = [body for body in SuiteRecord.responses[answered:]
+              if b"prompt is too long: " in body]
+    assert events == [b'event: content_block_stop\ndata: {"type":"content_block_stop",'
+                      b'"index":0}\n\nevent: error\ndata: {"type":"error","error":{"type":'
+                      b'"invalid_request_error","message":"prompt is too long: 66440 tokens > '
+                      b'65536 maximum"}}\n\n']
+    assert model.overflowed == 1 and model.compactions == 1  # compacted, not retried as is
+    assert "continued from a previous conversation" in json.dumps(model.bodies[-1]["messages"])

@@ -29,10 +29,12 @@ from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
     bind_loopback,
+    chunk,
     responses_stream,
     serve_in_thread,
     stop_server,
 )
+from tests.sse_grammar import check_grammar, parse_sse
 
 OVERFLOWS = Path(__file__).parent / "data" / "overflow"
 FIXTURES = sorted(path.stem for path in OVERFLOWS.glob("*.json"))
@@ -92,6 +94,44 @@ def test_every_upstream_overflow_is_anthropics_400(
     assert len(upstream.requests) == 1  # never retried, never failed over
     expected_path = "/v1/responses" if fixture["api"] == "responses" else "/v1/chat/completions"
     assert upstream.paths == [expected_path]
+
+
+def after_text(fixture: dict[str, Any]) -> Reply:
+    """The fixture's overflow announced inside a 200 stream after some text: an error chunk
+    (OpenAI's `context_length_exceeded` among them), or a Responses `response.failed`."""
+    if fixture["api"] == "responses":
+        return responses_stream(
+            {"type": "response.created", "response": {"status": "in_progress"}},
+            {"type": "response.output_item.added", "item": {"type": "message", "id": "m"}},
+            {"type": "response.output_text.delta", "item_id": "m", "delta": "so far"},
+            fixture["event"])
+    body = json.loads(fixture["raw"]) if "raw" in fixture else fixture["body"]
+    inner = body.get("error", body) if isinstance(body, dict) else body
+    return Reply(events=[chunk({"role": "assistant", "content": "so far"}), {"error": inner}],
+                 done=False)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_an_overflow_after_the_first_byte_is_anthropics_overflow_event(
+        name: str, window_proxies: dict[str, ProxyServer], upstream: ScriptedUpstream) -> None:
+    """No status is left to send: the `error` event carries Anthropic's overflow, typed
+    invalid_request_error (not the upstream's words, not an overloaded_error to retry)."""
+    fixture = load_overflow(name)
+    upstream.queue(after_text(fixture))
+    proxy = window_proxies[fixture["api"]]
+    model = "claude-opus-4-6" if fixture["api"] == "responses" else "claude-sonnet-4-6"
+    response = httpx.post(f"{proxy.url}/v1/messages", timeout=30, json={
+        "model": model, "max_tokens": 100, "stream": True,
+        "messages": [{"role": "user", "content": "hello"}]})
+    assert response.status_code == 200
+    events = parse_sse(response.content)
+    check_grammar(events)
+    assert [e.name for e in events] == ["message_start", "content_block_start",
+                                        "content_block_delta", "content_block_stop", "error"]
+    assert events[2].data["delta"]["text"] == "so far"
+    assert events[-1].data == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": expected_message(fixture)}}
+    assert len(upstream.requests) == 1
 
 
 def test_fixtures_name_their_source() -> None:

@@ -4,7 +4,10 @@ variable they name exists, and docs/configuration.md documents every setting."""
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -14,7 +17,9 @@ from claude_proxy.cli.launcher import CLAUDE_BIN_VARIABLE, claude_code_environme
 from claude_proxy.config.file import RouterSettings, single_provider_config
 from claude_proxy.config.model_table import FACT_KEYS
 from claude_proxy.config.settings import Settings
-from tests.claude_code_pin import default_claude_bin
+from tests.claude_code_pin import default_claude_bin, environment
+from tests.conftest import ProxyServer, SuiteRecord
+from tests.scripted_upstream import ScriptedUpstream, completion, text_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -29,6 +34,8 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
                "XDG_CONFIG_HOME": "src/claude_proxy/cli/desktop.py",
                "PROMETHEUS_MULTIPROC_DIR": "pyproject.toml",
                "ENV_FILE": "Makefile",
+               "SOAK_SECONDS": "Makefile",
+               "SOAK_LOG_LEVEL": "tests/soak.py",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
                "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
                **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
@@ -205,3 +212,60 @@ def test_the_layout_lists_every_package_in_the_order_of_the_layers() -> None:
     listed = [name.removesuffix(".py") for name in layout_entries()]
     assert sorted(listed) == sorted(present)
     assert listed == layer_order()
+
+
+# ---------------------------------------------------------------- the README's snippets, run
+
+README = ROOT / "README.md"
+DOCUMENTED_ADDRESS = "http://127.0.0.1:8082"
+
+
+def readme_snippet(opening: str) -> str:
+    """The README's bash block that begins with `opening`."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    found = [block for block in blocks if block.startswith(opening)]
+    assert len(found) == 1, blocks
+    return found[0]
+
+
+def at(snippet: str, proxy: ProxyServer) -> str:
+    """The snippet with the documented address replaced by the test proxy's, nothing else."""
+    assert snippet.count(DOCUMENTED_ADDRESS) == 1, snippet
+    return snippet.replace(DOCUMENTED_ADDRESS, proxy.url)
+
+
+def test_the_readme_curl_request_runs_as_written(proxy: ProxyServer,
+                                                 upstream: ScriptedUpstream) -> None:
+    upstream.queue(completion({"content": "Hi from the upstream"}))
+    result = subprocess.run(["bash", "-c", at(readme_snippet("curl "), proxy)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    message = json.loads(result.stdout)
+    assert (message["type"], message["role"], message["model"]) == (
+        "message", "assistant", "claude-sonnet-4-6")
+    assert message["content"] == [{"type": "text", "text": "Hi from the upstream"}]
+    assert upstream.requests[0]["messages"] == [{"role": "user", "content": "Say hi"}]
+
+
+@pytest.mark.claude_code
+def test_the_readme_base_url_line_runs_claude_code_as_written(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """`claude` found on PATH, as a user would have it; only `-p` added to run it once."""
+    binary = default_claude_bin()
+    if not os.access(binary, os.X_OK):
+        pytest.skip("Claude Code not installed (make test installs it)")
+    upstream.queue(text_stream(["pong by base URL"]))
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = environment(proxy.url, home, tmp)
+    for name in ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"):
+        del env[name]  # the snippet sets what Claude Code needs
+    env["PATH"] = f"{binary.parent}{os.pathsep}{env['PATH']}"
+    command = at(readme_snippet("ANTHROPIC_BASE_URL="), proxy).strip()
+    result = subprocess.run(["bash", "-c", f"{command} -p 'say pong' --output-format json"],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert json.loads(result.stdout)["result"] == "pong by base URL", result.stderr
+    sent = [headers for path, headers in SuiteRecord.requests if path == "/v1/messages"]
+    assert sent[-1]["authorization"] == "Bearer claude-proxy"

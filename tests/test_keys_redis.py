@@ -50,16 +50,18 @@ key = "env:ALICE_PROXY_KEY"
 
 @pytest.fixture
 def replicas(tmp_path: Path, upstream: ScriptedUpstream,
-             redis_server: RedisServer) -> Iterator[Callable[[float], list[str]]]:
+             redis_server: RedisServer) -> Iterator[Callable[..., list[str]]]:
+    """Starts `count` replicas (two) on one Redis prefix; called again, more of the same
+    fleet (a replica started later)."""
     servers: list[Any] = []
+    prefix = f"keys-{uuid.uuid4().hex[:8]}:"
+    clock = FakeClock()
 
-    def start(budget: float) -> list[str]:
+    def start(budget: float, count: int = 2) -> list[str]:
         path = tmp_path / "proxy.toml"
         path.write_text(config_text(upstream, BUDGETED.format(budget=budget)))
-        prefix = f"keys-{uuid.uuid4().hex[:8]}:"
-        clock = FakeClock()
         urls = []
-        for _ in range(2):
+        for _ in range(count):
             settings = Settings(log_file=str(tmp_path / "proxy.log"), anthropic_api_key=CLIENT_KEY,
                                 redis_url=redis_server.url, redis_prefix=prefix,
                                 data_dir=str(tmp_path / "unused"))
@@ -143,3 +145,19 @@ def test_redis_paused_requests_are_served_counted_and_added_back(
         "the local spend was added back to Redis"
     assert abs(spent(second, alice) - 4 * COST) < 1e-6, "counted once"
     assert eventually(lambda: abs(spent(first, alice) - spent(second, alice)) < 1e-6)
+
+
+def test_a_replica_started_after_the_budget_was_spent_refuses_at_once(
+        replicas: Callable[..., list[str]], upstream: ScriptedUpstream) -> None:
+    """Its first request already knows the fleet's spend (read as the store starts), not
+    only after its first refresh: a restarted replica admitted a spent key for a second
+    (`make soak` found 14 requests past the budget)."""
+    first, = replicas(2 * COST - 0.001, count=1)
+    priced_replies(upstream)
+    carol = TEAM_KEYS["carol"]
+    assert [ask(first, carol).status_code for _ in range(3)] == [200, 200, 429]
+    assert eventually(lambda: abs(spent(first, carol) - 2 * COST) < 1e-6)
+    later, = replicas(2 * COST - 0.001, count=1)
+    refused = ask(later, carol)
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "billing_error"
+    assert len(upstream.requests) == 2

@@ -245,16 +245,16 @@ def test_each_failed_attempt_logs_the_upstream_words_redacted_and_capped(
 
 
 def alternates(messages: list[dict[str, Any]]) -> bool:
-    """Gemma 3's template as llama-server runs it (tool results become user turns): after
-    an optional first system message, user and assistant strictly alternate from user."""
+    """Gemma 3's template (`(message['role'] == 'user') != (loop.index0 % 2 == 0)` raises):
+    after an optional first system message, user and assistant strictly alternate from user,
+    and a `tool` message, neither, is refused wherever it stands."""
     if messages and messages[0]["role"] == "system":
         messages = messages[1:]
     expected = "user"
     for message in messages:
-        role = {"tool": "user"}.get(message["role"], message["role"])
-        if role != expected:
+        if message["role"] != expected:
             return False
-        expected = "assistant" if role == "user" else "user"
+        expected = "assistant" if expected == "user" else "user"
     return True
 
 
@@ -282,12 +282,16 @@ def test_strict_template_gets_a_folded_conversation_once_learned(
     assert len(refused) == 1 and len(upstream.requests) == 3  # refused, folded, folded
     folded = upstream.requests[1]["messages"]
     assert upstream.requests[2]["messages"] == folded
-    assert [m["role"] for m in folded] == ["system", "user", "assistant", "tool"]
+    assert [m["role"] for m in folded] == ["system", "user", "assistant", "user"]
     environment = body["messages"][1]["content"]
     assert folded[1]["content"].endswith(
         f"\n\n<system-reminder>\n{environment}\n</system-reminder>")
-    assert folded[3]["content"].startswith("hi-from-tool")
-    assert folded[2]["tool_calls"][0]["id"] == folded[3]["tool_call_id"]
+    call = refused[0]["messages"][-2]["tool_calls"][0]["function"]
+    assert folded[2]["content"].endswith(
+        f'<tool_call>\n{{"name":"{call["name"]}","arguments":{call["arguments"]}}}\n'
+        "</tool_call>")
+    assert folded[3]["content"].startswith("<tool_response>\nhi-from-tool")
+    assert "tool_calls" not in folded[2]
 
 
 def test_folding_merges_same_role_messages_and_text_after_tool_results(
@@ -308,11 +312,65 @@ def test_folding_merges_same_role_messages_and_text_after_tool_results(
     assert len(refused) == 1
     assert upstream.requests[1]["messages"] == [
         {"role": "user", "content": "one\n\ntwo"},
-        {"role": "assistant", "content": "Looking.", "tool_calls": [
-            {"id": "toolu_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "toolu_1",
-         "content": "sunny\n\n<system-reminder>be brief</system-reminder>"}]
+        {"role": "assistant", "content": 'Looking.\n\n<tool_call>\n'
+         '{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'},
+        {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"
+         "\n\n<system-reminder>be brief</system-reminder>"}]
+    assert upstream.requests[1]["tools"] == refused[0]["tools"]  # still offered
+
+
+def tool_loop(calls: int) -> list[dict[str, Any]]:
+    """A conversation that alternates but for its tool turns: `calls` weather calls, each
+    answered."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather?"}]
+    for n in range(1, calls + 1):
+        messages += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n}",
+                                               "name": "get_weather",
+                                               "input": {"city": f"City {n}"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}",
+                                          "content": f"sunny {n}"}]}]
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_recorded_tool_result_refusal_is_retried_once_with_the_loop_as_text(
+        proxy: ProxyServer, upstream: ScriptedUpstream, stream: bool) -> None:
+    """The template refuses the first `tool` message (the recorded llama-server answer);
+    the call and its result go again as text, in order; later requests go so at once."""
+    refused: list[dict[str, Any]] = []
+    upstream.responder = strict_template(
+        lambda body: text_stream(["fine"]) if body.get("stream")
+        else completion({"content": "fine"}), refused)
+    model = f"gemma-3-strict-loop-{stream}"
+    for calls in (1, 2):
+        message = answer(proxy, ask(model=model, tools=[TOOL], messages=tool_loop(calls)),
+                         stream)
+        assert [(b["type"], b["text"]) for b in message["content"]] == [("text", "fine")]
+    assert [m["role"] for m in refused[0]["messages"]] == ["user", "assistant", "tool"]
+    assert len(refused) == 1 and len(upstream.requests) == 3
+    answered = upstream.requests[2]["messages"]
+    assert answered == [{"role": "user", "content": "weather?"}] + [
+        message for n in (1, 2) for message in (
+            {"role": "assistant", "content": '<tool_call>\n{"name":"get_weather",'
+             f'"arguments":{{"city":"City {n}"}}}}\n</tool_call>'},
+            {"role": "user", "content": f"<tool_response>\nsunny {n}\n</tool_response>"})]
+
+
+def test_tool_turns_refused_after_the_fold_was_learned_take_one_retry(
+        proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """Claude Code's first request has no tool turn: the fold is learned alone; its next
+    request, folded but with a `tool` message, is refused once more and retried as text."""
+    refused: list[dict[str, Any]] = []
+    upstream.responder = strict_template(lambda body: completion({"content": "ok"}), refused)
+    first = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    for messages in (first, tool_loop(1), tool_loop(2)):
+        body = ask(model="gemma-3-strict-c", tools=[TOOL], messages=messages)
+        assert sdk(proxy).messages.create(**body).content[0].text == "ok"  # type: ignore
+    assert len(refused) == 2 and len(upstream.requests) == 5
+    assert [m["role"] for m in refused[1]["messages"]] == ["user", "assistant", "tool"]
+    assert [m["role"] for m in upstream.requests[4]["messages"]] == [
+        "user", "assistant", "user", "assistant", "user"]
 
 
 def test_thinking_only_assistant_turn_keeps_its_place(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -271,7 +272,7 @@ def test_doctor_reports_a_working_setup(tmp_path: Path, upstream: ScriptedUpstre
             "reasoning_content (11 chars)") in out
     assert "tools          ok    accepted; the model called get_time" in out
     assert out.rstrip().endswith("Claude Code will work with this configuration.")
-    sent = [r for r in upstream.requests if r.get("stream")]
+    sent = [r for r in upstream.requests if "17 * 23" in json.dumps(r["messages"])]
     assert sent and all(r["thinking"] == {"type": "enabled"} for r in sent)
 
 

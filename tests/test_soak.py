@@ -1,5 +1,13 @@
-"""The fleet soak (tests/soak.py) for about a minute: every request answered, usage and spend
-exact, the dashboard complete, the budget held, through Redis, upstream and replica faults."""
+"""A minute of `make soak` (tests/soak.py): two replicas x two workers on one real Redis,
+clients with team keys and a budget, streaming and not, while Redis is killed and restarted,
+an upstream fails and recovers, and a replica is SIGKILLed and restarted.
+
+Asserted here: every request answered (a success or an Anthropic-shaped error, none hung, none
+malformed, connections cut only by the SIGKILL) and nothing charged twice or for a request
+that was not served. The other figures (usage log and spend against what was served, the
+dashboard, the budget's overshoot) are printed; `make soak` fails on them, and
+docs/several-processes.md#a-soak-of-the-fleet says where they stand.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +15,29 @@ import shutil
 
 import pytest
 
-from tests.soak import run_soak
+from tests import soak
+
+SECONDS = 60
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None,
-                    reason="redis-server is not installed (make redis)")
-def test_the_fleet_survives_a_minute_of_faults_and_loses_no_usage() -> None:
-    report = run_soak(seconds=50, clients=4)
-    print(report.figures())
-    assert report.problems == []
-    kinds = {outcome.kind for outcome in report.outcomes}
-    assert "served" in kinds and "error" in kinds  # the upstream's outage answered errors
-    assert len(report.entries) >= 50
+@pytest.fixture(scope="module")
+def figures() -> soak.Figures:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make redis)")
+    return soak.soak(SECONDS)
+
+
+def test_every_request_is_answered(figures: soak.Figures) -> None:
+    outcomes = [attempt.outcome for attempt in figures.attempts]
+    assert outcomes.count("served") > 0 and outcomes.count("error") > 0  # the budget's 429s
+    assert set(outcomes) <= {"served", "error", "cut", "refused"}, figures.lines
+    assert outcomes.count("cut") <= len(soak.KEYS) * soak.CLIENTS_PER_KEY
+    errors = {attempt.error_type for attempt in figures.attempts if attempt.outcome == "error"}
+    assert errors <= {"billing_error", "overloaded_error", "api_error"}, errors
+
+
+def test_nothing_is_charged_twice_or_for_a_request_not_served(figures: soak.Figures) -> None:
+    counted = {attempt.session for attempt in figures.attempts
+               if attempt.outcome in ("served", "cut")}
+    assert all(row["requests"] == 1 for row in figures.usage.values())
+    assert set(figures.usage) <= counted

@@ -42,6 +42,10 @@ def error_type_for_status(status: int) -> str:
 class ProxyError(Exception):
     """An error answered to the client with `status` and an Anthropic error body."""
 
+    payload: Any = None
+    """The upstream's error object, when one came inside an answer (error_from_payload): its
+    fields may say more than its message (llama.cpp's `n_prompt_tokens` and `n_ctx`)."""
+
     def __init__(
         self,
         status: int,
@@ -123,6 +127,8 @@ def error_from_payload(error: Any) -> ProxyError:
         message = _message_from_json({"error": error})
         code = error.get("code")
         status = code if isinstance(code, int) and 400 <= code <= 599 else 502
-        return ProxyError(status, message,
-                          error_type="overloaded_error" if status >= 500 else None)
+        failure = ProxyError(status, message,
+                             error_type="overloaded_error" if status >= 500 else None)
+        failure.payload = error
+        return failure
     return ProxyError(502, str(error), error_type="overloaded_error")

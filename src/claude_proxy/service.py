@@ -259,7 +259,8 @@ class MessagesService:
                                                  hidden=omitted),
                                     parser=api_of(upstream).parser(upstream),
                                     omit_thinking=omitted,
-                                    stop_sequences=body.get("stop_sequences") or ())
+                                    stop_sequences=body.get("stop_sequences") or (),
+                                    window=attempt.fit.window)
         if body.get("context_management") is not None:
             converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
         if safeguards.requested(body):

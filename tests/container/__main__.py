@@ -31,7 +31,7 @@ import httpx
 from dotenv import dotenv_values
 
 from tests.conftest import free_port
-from tests.container.base_image import BaseImageError, ensure_base
+from tests.container.base_image import BASE, BaseImageError, ensure_base
 from tests.container.engine import Engine, NoEngine, find_engine
 from tests.scripted_upstream import load_transcript, transcript_chunks
 from tests.test_response_converter import expected_from_chunks
@@ -44,6 +44,10 @@ UPSTREAM_KEY = "sk-container-upstream-0123456789"
 CLIENT_KEY = "sk-ant-container-client-0123456789"
 STREAM_STEM, JSON_STEM = "deepseek-reasoner", "deepseek-reasoner-json"
 READY_SECONDS = 60
+MAX_IMAGE_MB = 250
+"""The image on python:3.11-slim (or its Debian stand-in): 342 MB before issue 33."""
+NOT_IN_THE_IMAGE = ("pip", "setuptools", "tests", "bpe_openai", "watchfiles", "websockets")
+"""Build tools, tests, and what the proxy no longer uses, in /opt/venv's site-packages."""
 
 
 class CheckFailed(Exception):
@@ -307,8 +311,27 @@ def check_sigterm(context: Context) -> str:
     return f"exit code 0 after SIGTERM in {took:.1f} s"
 
 
+def check_image_size(context: Context) -> str:
+    """At most MAX_IMAGE_MB; beyond the base image only the virtualenv, without build tools
+    or tests (pip's cache is off in the build stage, which nothing else leaves)."""
+    size = int(context.image().get("Size") or 0) / 1e6
+    base = int(context.engine.inspect("image", BASE).get("Size") or 0) / 1e6
+    flags, _ = context.engine.network_flags(None)
+    listed = context.engine("run", "--rm", *flags, "--entrypoint", "sh", IMAGE, "-c",
+                            "du -sm /opt/venv; ls /opt/venv/lib/python3*/site-packages")
+    expect(listed.returncode == 0, f"listing /opt/venv failed: {listed.stderr}")
+    lines = listed.stdout.split()
+    venv, names = lines[0], set(lines[2:])
+    leftovers = sorted(name for name in NOT_IN_THE_IMAGE if name in names)
+    expect(not leftovers, f"in /opt/venv: {', '.join(leftovers)}")
+    expect(size <= MAX_IMAGE_MB, f"{size:.0f} MB > {MAX_IMAGE_MB} MB (base {base:.0f} MB, "
+           f"/opt/venv {venv} MB)")
+    return f"{size:.0f} MB <= {MAX_IMAGE_MB} MB (base {base:.0f} MB, /opt/venv {venv} MB)"
+
+
 CHECKS: list[tuple[str, Callable[[Context], str]]] = [
     ("/health answers", check_health),
+    (f"image at most {MAX_IMAGE_MB} MB", check_image_size),
     ("non-streamed /v1/messages", check_non_streamed),
     ("streamed /v1/messages", check_streamed),
     ("wrong client key -> 401", check_wrong_key),

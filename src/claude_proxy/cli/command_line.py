@@ -2,7 +2,7 @@
 
     claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
                          [--workers N]
-    claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE]
+    claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE] [--time-limit SECONDS]
     claude-proxy keys new NAME | usage [...] | statusline   (key_commands.py)
     claude-proxy env     [--env-file PATH | --env NAME] [--config FILE] [--shell SHELL]
     claude-proxy claude  [--env-file PATH | --env NAME] [--config FILE] [--] [ARGS...]
@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="listen port (PORT, default 8082)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes (default 1); they share one port")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="doctor: seconds each provider's checks may take (default 60)")
     parser.add_argument("--shell", choices=SHELLS, default="bash",
                         help="env: the shell to print for (default bash)")
     parser.add_argument("--restore", action="store_true",
@@ -350,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"claude-proxy: {exc}", file=sys.stderr)
         return 2
     if args.command == "doctor":
-        from claude_proxy.cli.doctor import run_doctor
-        return run_doctor(config)
+        from claude_proxy.cli.doctor import TIME_LIMIT, run_doctor
+        return run_doctor(config, args.time_limit or TIME_LIMIT)
     if args.command in ("env", "claude", "desktop"):
         return launch(config, env_file, args, claude_args)
     return serve(config, env_file, args)

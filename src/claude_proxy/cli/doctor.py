@@ -6,6 +6,13 @@ reasoning text, if any), and one with a tool (Claude Code always sends tools). R
 through the proxy's own conversion, so they are exactly what the proxy would send. Models that
 go to the Responses API are asked there, and the report says whether reasoning summaries came
 back (or were refused) and whether encrypted reasoning did.
+
+A small local model may make about 20 tokens a second and ramble to its limit, so every probe
+asks for few tokens (8 for the basic request, 64 for the tool, 1 for llama-server's template
+measure) and the streamed reasoning probe stops reading as soon as its verdict is known (the
+first reasoning text says where reasoning is carried; a first answer with none before it says
+there is none). Each line is printed as its check completes, and each provider gets a time
+limit (`--time-limit`), after which its remaining checks are reported as not run.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -30,13 +37,22 @@ from claude_proxy.state import check_store
 from claude_proxy.upstream import llamacpp, responses
 from claude_proxy.upstream.api import MESSAGES, Build, api_for
 from claude_proxy.upstream.capabilities import Refusals
-from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import JINJA, MisconfiguredUpstream
 from claude_proxy.websearch.backends import Query, SearchBackend, SearchFailed
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_details")
 CLOCK_TOOL = {"name": "get_time", "description": "Current time in ISO format",
               "input_schema": {"type": "object", "properties": {}}}
+TIME_LIMIT = 60.0
+"""Seconds each provider's checks may take (`--time-limit`)."""
+REASONING_TOKENS = 256
+"""The reasoning probe's max_tokens: reasoning comes first, and reading stops at it."""
+ANSWER_WITHOUT_REASONING = 64
+"""Characters of answer with no reasoning before them: the verdict is that none comes."""
+
+Say = Callable[[str], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,13 +69,22 @@ class Check:
 
 @dataclass
 class ModelReport:
+    """One model's checks, each said as it is added."""
+
     model: str
     tiers: list[str]
+    say: Say
     checks: list[Check] = field(default_factory=list)
+
+    def add(self, *checks: Check) -> None:
+        for check in checks:
+            self.checks.append(check)
+            self.say(check.line())
 
     @property
     def ok(self) -> bool:
-        return all(check.ok or not check.required for check in self.checks)
+        return bool(self.checks) and all(check.ok or not check.required
+                                         for check in self.checks)
 
 
 def describe_failure(error: ProxyError) -> Check:
@@ -74,35 +99,68 @@ def describe_failure(error: ProxyError) -> Check:
 
 
 def anthropic_request(model: str, **fields: Any) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": model, "max_tokens": 64,
+    request: dict[str, Any] = {"model": model, "max_tokens": 8,
                                "messages": [{"role": "user", "content": "Reply with: ok"}]}
     request.update(fields)
     return request
 
 
-async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str) -> list[Check]:
+async def first_verdict(stream: UpstreamStream,
+                        judge: Callable[[dict[str, Any]], T | None]) -> T | None:
+    """Read a stream's deltas until `judge` gives a verdict, then close it (the rest would
+    only cost time on a slow server); None when the stream ended first."""
+    try:
+        async for batch in stream:
+            for choice in (choice for chunk in batch for choice in chunk.get("choices") or []):
+                verdict = judge(choice.get("delta") or {})
+                if verdict is not None:
+                    return verdict
+    finally:
+        await stream.aclose()
+    return None
+
+
+async def check_model(client: OpenAIClient, settings: ProviderSettings, model: str,
+                      report: ModelReport) -> None:
     """The checks of the API the proxy would send `model` to (upstream/api.py picks it)."""
-    return await MODEL_CHECKS[api_for(model, settings).name](client, settings, model)
+    await MODEL_CHECKS[api_for(model, settings).name](client, settings, model, report)
 
 
-async def check_chat_model(client: OpenAIClient, settings: ProviderSettings,
-                           model: str) -> list[Check]:
+async def check_chat_model(client: OpenAIClient, settings: ProviderSettings, model: str,
+                           report: ModelReport) -> None:
     """A /chat/completions model: reachable, then its reasoning fields, then tools."""
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
-    try:
+    try:  # not streamed, as before: a server refusing stream_options still passes here
         await client.complete(plain.body)
     except ProxyError as error:
-        return [describe_failure(error)]
-    checks = [Check("reachable", True), Check("auth", True), Check("model exists", True)]
-    checks.append(await check_reasoning(client, settings, model))
-    checks.append(await check_tools(client, settings, model))
-    return checks
+        report.add(describe_failure(error))
+        return
+    report.add(Check("reachable", True), Check("auth", True), Check("model exists", True))
+    report.add(await check_reasoning(client, settings, model))
+    report.add(await check_tools(client, settings, model))
+
+
+class ReasoningJudge:
+    """Reasoning comes before the answer: its first text says which field carries it; an
+    answer of ANSWER_WITHOUT_REASONING characters with none before says there is none ({})."""
+
+    def __init__(self) -> None:
+        self.answer = ""
+
+    def __call__(self, delta: dict[str, Any]) -> dict[str, int] | None:
+        found = {name: len(str(delta[name])) for name in REASONING_FIELDS if delta.get(name)}
+        self.answer += str(delta.get("content") or "")
+        if "<think>" in self.answer:
+            found["<think> tags"] = 1
+        if found:
+            return found
+        return {} if len(self.answer.strip()) >= ANSWER_WITHOUT_REASONING else None
 
 
 async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
     request = anthropic_request(model, stream=True, thinking={"type": "adaptive"},
                                 messages=[{"role": "user", "content": "What is 17 * 23?"}],
-                                max_tokens=2048)
+                                max_tokens=REASONING_TOKENS)
     upstream = convert_request(request, settings)
     sent = upstream.extras or "no reasoning fields for this model"
     try:
@@ -110,20 +168,10 @@ async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, mode
     except ProxyError as error:
         return Check("reasoning", False, f"{sent} refused ({error.status}: {error.message}); "
                      "the proxy will fall back to sending none", required=False)
-    found: dict[str, int] = {}
     try:
-        async for batch in stream:
-            for choice in (choice for chunk in batch for choice in chunk.get("choices") or []):
-                delta = choice.get("delta") or {}
-                for name in REASONING_FIELDS:
-                    if delta.get(name):
-                        found[name] = found.get(name, 0) + len(str(delta[name]))
-                if "<think>" in str(delta.get("content") or ""):
-                    found["<think> tags"] = 1
+        found = await first_verdict(stream, ReasoningJudge())
     except ProxyError as error:
         return Check("reasoning", False, f"stream failed: {error.message}", required=False)
-    finally:
-        await stream.aclose()
     if not found:
         return Check("reasoning", False, f"sent {sent}; no reasoning text came back",
                      required=False)
@@ -132,7 +180,10 @@ async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, mode
 
 
 async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
+    """Not streamed (as before, so the verdicts stay those of a plain request), 64 tokens at
+    most: enough for a call, little for a model that answers in prose."""
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
+                                max_tokens=64,
                                 messages=[{"role": "user", "content":
                                            "What time is it? Use the get_time tool."}])
     try:
@@ -158,30 +209,31 @@ async def check_search_backend(settings: SearchSettings) -> Check:
 
 
 async def check_responses_model(client: OpenAIClient, settings: ProviderSettings,
-                                model: str) -> list[Check]:
+                                model: str, report: ModelReport) -> None:
     """A /responses model: reachable, then summaries and encrypted reasoning, then tools."""
     plain = responses.convert_request(anthropic_request(model, thinking={"type": "disabled"}),
                                       settings, model=model)
     try:
         await client.respond(plain.body)
     except ProxyError as error:
-        return [describe_failure(error)]
-    checks = [Check("reachable", True, "Responses API"), Check("auth", True),
-              Check("model exists", True)]
-    checks.extend(await check_responses_reasoning(client, settings, model))
+        report.add(describe_failure(error))
+        return
+    report.add(Check("reachable", True, "Responses API"), Check("auth", True),
+               Check("model exists", True))
+    report.add(*await check_responses_reasoning(client, settings, model))
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                messages=[{"role": "user", "content":
-                                           "What time is it? Use the get_time tool."}])
+                                max_tokens=64, messages=[{"role": "user", "content":
+                                                          "What time is it? Use the get_time "
+                                                          "tool."}])
     try:
         answer = await client.respond(responses.convert_request(request, settings,
                                                                 model=model).body)
     except ProxyError as error:
-        checks.append(Check("tools", False, f"rejected ({error.status}: {error.message})"))
-        return checks
+        report.add(Check("tools", False, f"rejected ({error.status}: {error.message})"))
+        return
     called = any(item.get("type") == "function_call" for item in answer.get("output") or [])
-    checks.append(Check("tools", True, "accepted; the model called get_time" if called
-                        else "accepted (the model answered without calling the tool)"))
-    return checks
+    report.add(Check("tools", True, "accepted; the model called get_time" if called
+                     else "accepted (the model answered without calling the tool)"))
 
 
 async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSettings,
@@ -222,41 +274,56 @@ async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSett
     return [summaries, encrypted]
 
 
-async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
-                               model: str) -> list[Check]:
+def configured_models(settings: ProviderSettings,
+                      routed: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """The provider's models, each with the tiers and routes that use it."""
+    uses: dict[str, list[str]] = {}
+    for tier, name in zip(TIERS, ("opus", "sonnet", "haiku"), strict=True):
+        uses.setdefault(settings.model_for_tier(tier), []).append(name)
+    for model, route in routed:
+        uses.setdefault(model, []).append(f"route {route}")
+    return list(uses.items())
+
+
+
+async def check_messages_model(client: OpenAIClient, settings: ProviderSettings, model: str,
+                               report: ModelReport) -> None:
     """A Messages API model: reachable, the model that answers (an endpoint that maps
-    unknown names to another model says so only in the answer's `model`), thinking, tools."""
+    unknown names to another model says so only in the answer's `model`), thinking, tools;
+    each probe asks for few tokens (a slow local server answers in seconds)."""
     answer, failure = await _ask_messages(client, settings, model, anthropic_request(
         model, thinking={"type": "disabled"}))
     if answer is None:
-        return [failure or Check("basic request", False)]
-    checks = [Check("reachable", True, "Messages API"), Check("auth", True),
-              answered_model(model, answer.get("model"))]
-    request = anthropic_request(model, thinking={"type": "adaptive"}, max_tokens=2048,
+        report.add(failure or Check("basic request", False))
+        return
+    report.add(Check("reachable", True, "Messages API"), Check("auth", True),
+               answered_model(model, answer.get("model")))
+    request = anthropic_request(model, thinking={"type": "adaptive"},
+                                max_tokens=REASONING_TOKENS,
                                 messages=[{"role": "user", "content": "What is 17 * 23?"}])
     answer, failure = await _ask_messages(client, settings, model, request)
     if answer is None:
-        checks.append(Check("reasoning", False, failure.detail if failure else "",
-                            required=False))
+        report.add(Check("reasoning", False, failure.detail if failure else "",
+                         required=False))
     else:
         blocks = [b for b in answer.get("content") or [] if isinstance(b, dict)]
         text = sum(len(str(b.get("thinking", ""))) for b in blocks if b.get("type") == "thinking")
         signed = any(b.get("signature") for b in blocks if b.get("type") == "thinking")
-        checks.append(Check("reasoning", bool(text), f"{text} chars of thinking"
-                            f"{', signed' if signed else ', unsigned'}" if text
-                            else "no thinking block came back", required=False))
+        report.add(Check("reasoning", bool(text), f"{text} chars of thinking"
+                         f"{', signed' if signed else ', unsigned'}" if text
+                         else "no thinking block came back", required=False))
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                messages=[{"role": "user", "content":
-                                           "What time is it? Use the get_time tool."}])
+                                max_tokens=64, messages=[{"role": "user", "content":
+                                                          "What time is it? Use the get_time "
+                                                          "tool."}])
     answer, failure = await _ask_messages(client, settings, model, request)
     if answer is None:
-        checks.append(Check("tools", False, failure.detail if failure else ""))
-    else:
-        called = any(isinstance(b, dict) and b.get("type") == "tool_use"
-                     for b in answer.get("content") or [])
-        checks.append(Check("tools", True, "accepted; the model called get_time" if called
-                            else "accepted (the model answered without calling the tool)"))
-    return checks
+        report.add(Check("tools", False, failure.detail if failure else ""))
+        return
+    called = any(isinstance(b, dict) and b.get("type") == "tool_use"
+                 for b in answer.get("content") or [])
+    report.add(Check("tools", True, "accepted; the model called get_time" if called
+                     else "accepted (the model answered without calling the tool)"))
 
 
 async def _ask_messages(client: OpenAIClient, settings: ProviderSettings, model: str,
@@ -279,90 +346,99 @@ def answered_model(asked: str, answered: Any) -> Check:
                  "substitutes another model for this name", required=False)
 
 
-ModelChecks = Callable[[OpenAIClient, ProviderSettings, str], Awaitable[list[Check]]]
+ModelChecks = Callable[[OpenAIClient, ProviderSettings, str, ModelReport], Awaitable[None]]
 MODEL_CHECKS: dict[str, ModelChecks] = {"chat": check_chat_model,
                                        "responses": check_responses_model,
                                        "messages": check_messages_model}
 """Each upstream API's checks, by the API's name."""
 
 
-def configured_models(settings: ProviderSettings,
-                      routed: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    """The provider's models, each with the tiers and routes that use it."""
-    uses: dict[str, list[str]] = {}
-    for tier, name in zip(TIERS, ("opus", "sonnet", "haiku"), strict=True):
-        uses.setdefault(settings.model_for_tier(tier), []).append(name)
-    for model, route in routed:
-        uses.setdefault(model, []).append(f"route {route}")
-    return list(uses.items())
-
-
-async def diagnose_provider(name: str, settings: ProviderSettings,
-                            routed: list[tuple[str, str]]) -> tuple[list[str], dict[str, bool]]:
-    """The lines for one provider, and whether each of its models works."""
+async def diagnose_provider(name: str, settings: ProviderSettings, routed: list[tuple[str, str]],
+                            say: Say, time_limit: float = TIME_LIMIT) -> dict[str, bool]:
+    """Say one provider's lines as its checks complete; whether each of its models works
+    (a model whose checks the time limit cut short does not count as working)."""
     props = await server_props(settings) if (settings.provider_name == llamacpp.PROFILE or
                                              llamacpp.recognisable(settings)) else None
     if props is not None and settings.provider is None:
         settings = settings.model_copy(update={"provider": llamacpp.PROFILE})  # recognised
-    lines = [f"provider {name}: upstream {settings.openai_base_url} "
-             f"(profile {settings.provider_name}"
-             f"{', llama-server ' + props.build if props is not None else ''})",
-             f"    {'configuration':<14} {'ok':<5} key "
-             f"{'set' if settings.upstream_secrets() else 'unset'}"
-             f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
-             f"{'on' if settings.reasons_with_tools else 'off'}"]
+    say(f"provider {name}: upstream {settings.openai_base_url} "
+        f"(profile {settings.provider_name}"
+        f"{', llama-server ' + props.build if props is not None else ''})")
+    say(f"    {'configuration':<14} {'ok':<5} key "
+        f"{'set' if settings.upstream_secrets() else 'unset'}"
+        f", dialect {settings.dialect}, passback {settings.passback}, reasoning with tools "
+        f"{'on' if settings.reasons_with_tools else 'off'}")
     client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
-    works: dict[str, bool] = {}
+    models = configured_models(settings, routed)
+    works = dict.fromkeys((model for model, _ in models), False)
     try:
-        for model, uses in configured_models(settings, routed):
-            report = ModelReport(model, uses, await check_model(client, settings, model))
-            if settings.provider_name == llamacpp.PROFILE and report.checks[0].ok:
-                report.checks.extend(await llamacpp_checks(client, settings, model, props))
-            lines.append(f"  {model} ({', '.join(uses)})")
-            lines.extend(check.line() for check in report.checks)
-            works[model] = report.ok
+        async with asyncio.timeout(time_limit):
+            for model, uses in models:
+                say(f"  {model} ({', '.join(uses)})")
+                report = ModelReport(model, uses, say)
+                await check_model(client, settings, model, report)
+                if settings.provider_name == llamacpp.PROFILE and report.checks[0].ok:
+                    await llamacpp_checks(client, settings, model, props, report)
+                works[model] = report.ok
+    except TimeoutError:
+        say(Check("time limit", False, f"{time_limit:g} s reached for provider {name} "
+                  "(--time-limit): its remaining checks were not run").line())
     finally:
         await client.aclose()
-    return lines, works
+    return works
 
 
-async def diagnose(config: ProxyConfig) -> tuple[list[str], bool]:
-    """Every provider's models, then every route: the route works if its model does."""
+def printed(line: str) -> None:
+    print(line, flush=True)
+
+
+async def diagnose(config: ProxyConfig, say: Say | None = None,
+                   time_limit: float = TIME_LIMIT) -> tuple[list[str], bool]:
+    """Every provider's models, then every route: the route works if its model does. Each
+    line is kept and, as it is known, given to `say`."""
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        lines.append(line)
+        if say is not None:
+            say(line)
+
     router = Router(config.providers, config.router)
     routes = [(name, c) for name in ROUTE_NAMES for c in router.route(name)]
     routes += [("fallback", c) for c in router.fallbacks()]
-    lines = [f"claude-proxy doctor: {len(config.providers)} provider"
-             f"{'s' if len(config.providers) > 1 else ''} from {config.source}"]
+    out(f"claude-proxy doctor: {len(config.providers)} provider"
+        f"{'s' if len(config.providers) > 1 else ''} from {config.source}")
     works: dict[tuple[str, str], bool] = {}
     for name, settings in config.providers.items():
         routed = [(c.model, route) for route, c in routes if c.provider == name]
-        provider_lines, provider_works = await diagnose_provider(name, settings, routed)
-        lines.extend(provider_lines)
+        provider_works = await diagnose_provider(name, settings, routed, out, time_limit)
         works.update({(name, model): ok for model, ok in provider_works.items()})
     await discover(config)
     known = windows(config)
     for route, c in routes:
         ok = works.get((c.provider, c.model), False)
-        lines.append(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}"
-                     f" {window_note(known.get(c.provider, {}).get(c.model))}")
+        out(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}"
+            f" {window_note(known.get(c.provider, {}).get(c.model))}")
     if not routes:
-        lines.extend(f"  {provider},{model} {window_note(facts)}"
-                     for provider, models in known.items() for model, facts in models.items())
+        for provider, models in known.items():
+            for model, facts in models.items():
+                out(f"  {provider},{model} {window_note(facts)}")
     ok = all(works.values())
     if config.settings.web_search_backend:
+        out(f"web search backend {config.settings.web_search_backend}")
         search = await check_search_backend(config.settings)
-        lines.extend([f"web search backend {config.settings.web_search_backend}",
-                      search.line()])
+        out(search.line())
         ok = ok and search.ok
-    lines.extend(keys_report(config))
+    for line in keys_report(config):
+        out(line)
     settings = config.settings
     if settings.redis_url is not None:
+        out("state store (REDIS_URL)")
         works_shared, said = await check_store(settings.redis_url.get_secret_value(),
                                                settings.redis_prefix, settings.redis_timeout)
-        lines.extend(["state store (REDIS_URL)",
-                      Check("redis", works_shared, said, required=False).line()])
-    lines.append("Claude Code will work with this configuration." if ok else
-                 "Claude Code will NOT work yet: fix the FAIL lines above.")
+        out(Check("redis", works_shared, said, required=False).line())
+    out("Claude Code will work with this configuration." if ok else
+        "Claude Code will NOT work yet: fix the FAIL lines above.")
     return lines, ok
 
 
@@ -474,15 +550,14 @@ def _prompt_tokens(completion: dict[str, Any]) -> int | None:
 
 
 async def llamacpp_checks(client: OpenAIClient, settings: ProviderSettings, model: str,
-                          props: llamacpp.Props | None) -> list[Check]:
+                          props: llamacpp.Props | None, report: ModelReport) -> None:
     """The llama-server lines of one model: Jinja and tools, then the context size."""
-    checks = [await check_template_tools(client, settings, model)]
+    report.add(await check_template_tools(client, settings, model))
     if props is not None:
-        checks.append(check_context(props))
-    return checks
+        report.add(check_context(props))
 
 
-def run_doctor(config: ProxyConfig) -> int:
-    lines, ok = asyncio.run(diagnose(config))
-    print("\n".join(lines))
+def run_doctor(config: ProxyConfig, time_limit: float = TIME_LIMIT) -> int:
+    """Each line printed (flushed) as soon as it is known."""
+    _, ok = asyncio.run(diagnose(config, printed, time_limit))
     return 0 if ok else 1

@@ -8,13 +8,23 @@ refusal, `upstream/capabilities.py`), the body is folded: a later system message
 `<system-reminder>` text of the user message next to it (a user message of its own when there
 is none), consecutive messages of one role become one, and text that follows tool results goes
 into the last tool result. Tool results themselves stay
-directly after the assistant message that called them, where every template expects them.
+directly after the assistant message that called them, where the Mistral family expects them.
+
+Gemma 3's template goes further: a `tool` message is neither user nor assistant, so the first
+tool result breaks the alternation whatever is folded. For a model that refused a folded
+conversation (or one with tool turns) the tool loop is carried as text: each call becomes
+assistant text naming the tool and its arguments (Hermes' `<tool_call>` JSON, which
+conversion/text_tool_calls.py reads back should the model imitate it), each result user text
+in a `<tool_response>` envelope, in order; then the conversation is folded as above.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
+
+import orjson
 
 from claude_proxy.conversion.caching import system_messages_as_user
 
@@ -66,6 +76,44 @@ def fold_to_alternation(body: dict[str, Any]) -> None:
         else:
             folded.append(dict(message))
     body["messages"] = folded
+
+
+def has_tool_turns(body: dict[str, Any]) -> bool:
+    """Whether `messages` hold a tool call or a tool result."""
+    return any(message.get("role") == "tool" or message.get("tool_calls")
+               for message in body.get("messages") or [])
+
+
+def tool_turns_as_text(body: dict[str, Any]) -> None:
+    """Rewrite `body["messages"]` with tool calls and results as text (see the module
+    docstring), then fold them to alternation."""
+    body["messages"] = [_as_text(message) for message in body.get("messages") or []]
+    fold_to_alternation(body)
+
+
+def _as_text(message: Message) -> Message:
+    if message.get("role") == "tool":
+        result = message.get("content")
+        parts = _parts(result)
+        text = "\n".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
+        others = [p for p in parts if p.get("type") != "text"]  # images stay parts
+        envelope = f"<tool_response>\n{text}\n</tool_response>"
+        return {"role": "user", "content": _joined(envelope, others) if others else envelope}
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    written = "\n".join(_call_text(call) for call in calls)
+    rest = {key: value for key, value in message.items() if key != "tool_calls"}
+    return {**rest, "content": _joined(message.get("content"), written)}
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    function = call.get("function") or {}
+    arguments: Any = function.get("arguments") or "{}"
+    with contextlib.suppress(orjson.JSONDecodeError):  # else written as the model sent it
+        arguments = orjson.loads(arguments)
+    named = orjson.dumps({"name": function.get("name", ""), "arguments": arguments})
+    return f"<tool_call>\n{named.decode()}\n</tool_call>"
 
 
 def _merge(into: Message, message: Message) -> None:

@@ -44,14 +44,18 @@ class StreamConverter(BlockMachine):
         message_id: str | None = None,
         omit_thinking: bool = False,
         stop_sequences: Sequence[str] = (),
+        window: int | None = None,
     ) -> None:
         """`parser`: the upstream API's (its options, such as `<think>` splitting, are its
         own). `stop_sequences`: the client's, matched in the text. `omit_thinking`
         (`thinking.display: "omitted"`) sends thinking blocks without their text, which `sign`
-        keeps in the signature."""
+        keeps in the signature. `input_tokens` and `window` (the model's, when known) also
+        size an overflow the upstream announces after the first byte."""
         super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
                          stop_sequences=stop_sequences, omit_thinking=omit_thinking)
         self.parser = parser
+        self.input_tokens = input_tokens
+        self.window = window
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""

@@ -12,7 +12,7 @@ with `x-should-retry: false`, so Claude Code stops at once instead of retrying t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 from claude_proxy.config.key_specs import KeySpec, Period
@@ -64,9 +64,16 @@ def utc_text(moment: datetime) -> str:
 class Gate:
     """Admits a key's request, or refuses it with the error its client understands."""
 
-    def __init__(self, store: StateStore, clock: Clock) -> None:
+    def __init__(self, store: StateStore, clock: Clock, keys: Iterable[KeySpec] = ()) -> None:
+        """`keys`: the configured keys, whose spend is read once now, before the store starts:
+        a shared store loads what was read as it starts, so a process just (re)started knows
+        the fleet's spend from its first request, not only after its first refresh (it
+        admitted a spent key for a second, `make soak` found)."""
         self.store = store
         self.clock = clock
+        for spec in keys:
+            if spec.budget_usd is not None:
+                self.spent(spec)
 
     async def admit(self, identity: Identity) -> None:
         """Raises the 429 of an exhausted budget or an exceeded rpm/tpm; else counts the

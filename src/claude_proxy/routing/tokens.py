@@ -2,7 +2,7 @@
 the pre-flight check).
 
 For OpenAI-family models the count is exact: OpenAI's own encodings (o200k_base, cl100k_base),
-shipped inside the `bpe-openai` wheel so nothing is downloaded at run time, with the chat
+compiled into the `toktok-rs` wheel so nothing is downloaded at run time, with the chat
 format's per-message overhead (3 tokens a message, 3 to prime the reply; OpenAI cookbook "How to
 count tokens with tiktoken"). For every other model the upstream's tokenizer is unknown: about
 four characters a token, which routing/calibration.py then corrects per session with the
@@ -53,12 +53,16 @@ def encoding_name(model: str | None) -> str | None:
 
 @cache
 def _encoder(name: str) -> Counter:
-    import bpe_openai  # the wheel's tables load once, on first use (~70 ms)
+    # toktok: tiktoken-identical counts (checked against bpe-openai, 4.3 M characters of
+    # fixtures, no difference), ~8x faster, an 8 MB wheel instead of a 75 MB one and 113 MiB
+    # for both tables instead of 167; they load once, on first use. One thread: the count
+    # runs inside a request, on its own worker.
+    import toktok
 
-    encoding = bpe_openai.get_encoding(name)
+    toktok.batch_count([""], name, threads=1)  # an unknown name fails here, once
 
     def count(text: str) -> int:
-        return len(encoding.encode_ordinary(text)) if text else 0
+        return toktok.batch_count([text], name, threads=1)[0] if text else 0
     return count
 
 

@@ -89,8 +89,8 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     app = FastAPI(title="claude-proxy", lifespan=partial(lifespan, transport=transport),
                   docs_url=None, redoc_url=None, openapi_url=None,
                   **telemetry_option(os.environ, own=telemetry is not None))
-    app.state.wiring = Wiring(settings, config, metrics, Gate(store, clock), keyring,
-                              datetime.now(UTC))
+    gate = Gate(store, clock, config.keys.values())
+    app.state.wiring = Wiring(settings, config, metrics, gate, keyring, datetime.now(UTC))
     app.state.store, app.state.ledger, app.state.telemetry = store, ledger, telemetry
     app.state.recorder = dashboard_recorder(app, config, store, ledger)
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=app.state.recorder,

@@ -23,6 +23,7 @@ from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, record_usage
 from claude_proxy.sse import encode_events
 from claude_proxy.upstream.client import Chunk, UpstreamStream
+from claude_proxy.upstream.overflow import context_overflow, recognised
 
 logger = logging.getLogger("claude_proxy.lifecycle")
 sse_logger = logging.getLogger("claude_proxy.sse")
@@ -102,9 +103,15 @@ class Watching:
         self.watcher.cancel()
 
 
-def transient(error: ProxyError) -> ProxyError:
-    """After the first byte there is no status: server-side failures become
-    `overloaded_error`, the type Claude Code retries."""
+def after_first_byte(error: ProxyError, converter: StreamConverter) -> ProxyError:
+    """After the first byte there is no status: an upstream's context overflow goes in
+    Anthropic's words (`prompt is too long: N tokens > M maximum`, an `invalid_request_error`;
+    OpenAI's `context_length_exceeded` chunk would otherwise look transient and be retried
+    unchanged); server-side failures become `overloaded_error`, the type Claude Code retries."""
+    overflow = context_overflow(recognised(error, error.payload), converter.input_tokens,
+                                converter.window)
+    if overflow is not None:
+        return overflow
     if error.status >= 500 or error.error_type == "timeout_error":
         return ProxyError(error.status, error.message, error_type="overloaded_error")
     return error
@@ -160,8 +167,9 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
         yield _frame(events + await converter.settle() + converter.finish(), sent)
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
-        metrics.count_upstream_error(transient(error).error_type)
-        yield _frame(events + converter.fail(transient(error)), sent)
+        error = after_first_byte(error, converter)
+        metrics.count_upstream_error(error.error_type)
+        yield _frame(events + converter.fail(error), sent)
     finally:
         metrics.active_streams.dec()
         record_usage(converter.usage(), converter.reasoning_tokens())

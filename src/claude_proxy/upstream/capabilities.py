@@ -18,7 +18,9 @@ from typing import Any
 from claude_proxy.conversion.alternation import (
     fold_to_alternation,
     has_broken_alternation,
+    has_tool_turns,
     names_alternation,
+    tool_turns_as_text,
 )
 from claude_proxy.conversion.caching import (
     has_cache_control,
@@ -87,7 +89,10 @@ REFUSABLE: tuple[Refusable, ...] = (
     Refusable("system_in_place", has_system_after_first, names_system_position,
               system_messages_as_user),
     # Templates that demand strict alternation (Gemma, the Mistral family: "Conversation roles
-    # must alternate user/assistant/..."): folded (conversion/alternation.py).
+    # must alternate user/assistant/..."): folded (conversion/alternation.py). Gemma's takes
+    # no `tool` turn either: for a model that refused one, tool calls and results go as text
+    # (before the fold, which then merges them into alternating turns).
+    Refusable("tool_turns", has_tool_turns, names_alternation, tool_turns_as_text),
     Refusable("alternation", has_broken_alternation, names_alternation, fold_to_alternation),
 )
 OPTIONAL_FIELDS = tuple(refusable.name for refusable in REFUSABLE)
