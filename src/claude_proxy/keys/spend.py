@@ -188,6 +188,19 @@ class Ledger:
         period = spec.budget_period if spec is not None else ADMIN_PERIOD
         return self.store.total(spend_counter(name, period, self.clock())[0])
 
+    async def spent_now(self, spec: KeySpec | None, name: str) -> tuple[float, float]:
+        """Today's spend and the period's, as the fleet has them now (the shared store's
+        figures, not this process's copies of them, which can lag after an outage: `make
+        soak` saw a replica's copy 20 requests short ten seconds later); what `/v1/usage/me`
+        answers. The local copies without a shared store."""
+        now = self.clock()
+        period = spec.budget_period if spec is not None else ADMIN_PERIOD
+        figures = []
+        for kind in ("day", period):
+            counter, ttl = spend_counter(name, kind, now)
+            figures.append(await self.store.add_total(counter, 0.0, ttl))
+        return figures[0], figures[1]
+
 
 def usage_entry(record: RequestRecord, now: float, cost: float) -> Record:
     """What `/v1/usage` adds up: names and numbers, never a key or its hash."""

@@ -115,11 +115,11 @@ def usage_router(ledger: Ledger, identify: Callable[[Request], Identity]) -> API
         identity = identify(request)
         spec = identity.spec
         period = spec.budget_period if spec is not None else ADMIN_PERIOD
-        spent = ledger.in_period(spec, identity.name)
+        today, spent = await ledger.spent_now(spec, identity.name)
         budget = spec.budget_usd if spec is not None else None
         _, end = period_bounds(period, ledger.clock())
         return answer({
-            "key": identity.name, "today_usd": round(ledger.today(identity.name), 6),
+            "key": identity.name, "today_usd": round(today, 6),
             "period": period, "period_usd": round(spent, 6), "budget_usd": budget,
             "remaining_usd": round(max(budget - spent, 0.0), 6) if budget is not None else None,
             "resets_at": end.isoformat().replace("+00:00", "Z"),
