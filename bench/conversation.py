@@ -12,7 +12,6 @@ bytes.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +73,19 @@ def grown(size_kb: float, spec: str = "", stream: bool = False) -> dict[str, Any
     return body
 
 
-def sized(size_kb: float, spec: str = "", stream: bool = False) -> dict[str, Any]:
-    """`grown`, a fresh copy each call (callers may change it)."""
-    return copy.deepcopy(grown(size_kb, spec, stream))
+def session_turns(size_kb: float, count: int, spec: str, stream: bool) -> list[bytes]:
+    """`count` requests of one session from about `size_kb` KB on, as Claude Code sends them:
+    each one file-read turn longer than the last (the marker moved to the new last block),
+    serialized, each ending with `spec`."""
+    body = grown(size_kb, stream=stream)
+    messages: list[dict[str, Any]] = body["messages"]
+    requests = []
+    for turn in range(count):
+        if turn:
+            messages[-1]["content"][-1].pop("cache_control", None)
+            messages.extend(read_turn(100_000 + turn))
+            messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        last = {**messages[-1], "content": [*messages[-1]["content"],
+                                            {"type": "text", "text": spec}]}
+        requests.append(orjson.dumps({**body, "messages": [*messages[:-1], last]}))
+    return requests
