@@ -89,10 +89,10 @@ def plain_estimate(request: dict[str, Any]) -> int:
     if isinstance(system, str):
         size += len(system.encode())
     elif system:
-        size += _prompt_bytes(orjson.dumps(system))
+        size += _prompt_bytes(_serialized(system))
     if not isinstance(messages, list):
         return estimate_tokens(size)
-    data = orjson.dumps(messages)
+    data = _serialized(messages)
     size += _prompt_bytes(data)
     if b'"source":{' not in data:  # every image and document has one
         media = 0
@@ -101,6 +101,15 @@ def plain_estimate(request: dict[str, Any]) -> int:
     else:
         media = data.count(b'"type":"image"')
     return estimate_tokens(size) + media * TOKENS_PER_MEDIA_BLOCK
+
+
+def _serialized(value: Any) -> bytes:
+    """`value` as orjson writes it; nested deeper than orjson goes (254 levels, which only a
+    hostile body reaches), its repr."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return repr(value).encode()
 
 
 _PAYLOAD_KEYS = (b'"data":"', b'"signature":"')

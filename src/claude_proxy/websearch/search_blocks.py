@@ -233,19 +233,19 @@ def _any_search_block(messages: list[Any]) -> bool:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for block in content:
-                if isinstance(block, dict) and block.get("type") in _SEARCH_TYPES:
+                if isinstance(block, dict) and block.get("type") in SEARCH_TYPES:
                     return True
     return False
 
 
-_SEARCH_TYPES = frozenset({"server_tool_use", "web_search_tool_result"})
+SEARCH_TYPES = ("server_tool_use", "web_search_tool_result")
+"""A tuple: a hostile block's `type` may be a list, which a set cannot be asked about."""
 
 
 def _has_search_block(message: Any) -> bool:
     content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, list) and any(
-        isinstance(block, dict) and block.get("type") in ("server_tool_use",
-                                                          "web_search_tool_result")
+        isinstance(block, dict) and block.get("type") in SEARCH_TYPES
         for block in content)
 
 
