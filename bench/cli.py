@@ -55,6 +55,7 @@ SCENARIOS: dict[str, Scenario] = {
     "long_stream": scenarios.long_stream,
     "idle_streams": scenarios.idle_streams,
     "concurrent_streams": scenarios.concurrent_streams,
+    "long_conversation": scenarios.long_conversation,
 }
 
 
@@ -235,6 +236,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     if document["scenarios"].get("components"):
         print()
         print(report.components_table(document["scenarios"]["components"], checked))
+    if "long_conversation" in document["scenarios"]:
+        print()
+        print(report.conversation_table(document["scenarios"]["long_conversation"]))
     if "session" in document["scenarios"]:
         print()
         print(session.table(document["scenarios"]["session"]))

@@ -143,9 +143,11 @@ async def lanes(count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
         yield [await stack.enter_async_context(new_client()) for _ in range(count)]
 
 
-async def request_message(client: httpx.AsyncClient, target: Target, n: int) -> float:
-    """One non-streaming request; returns its latency in seconds, checked for content."""
-    body = orjson.dumps(target.build(n, 0.0, False))
+async def request_message(client: httpx.AsyncClient, target: Target, n: int,
+                          body: bytes | None = None) -> float:
+    """One non-streaming request; returns its latency in seconds, checked for content.
+    `body`: a ready-made one asking for `n` tokens (default: the target's own)."""
+    body = body or orjson.dumps(target.build(n, 0.0, False))
     started = time.perf_counter()
     response = await client.post(target.url, content=body,
                                  headers={"content-type": "application/json",
@@ -161,9 +163,11 @@ async def request_message(client: httpx.AsyncClient, target: Target, n: int) -> 
 
 async def request_stream(client: httpx.AsyncClient, target: Target, n: int,
                          interval: float = 0.0,
-                         on_first_text: Callable[[], None] | None = None) -> StreamTiming:
-    """One streaming request, every event parsed; checked for exact content and a clean end."""
-    body = orjson.dumps(target.build(n, interval, True))
+                         on_first_text: Callable[[], None] | None = None,
+                         body: bytes | None = None) -> StreamTiming:
+    """One streaming request, every event parsed; checked for exact content and a clean end.
+    `body`: a ready-made one asking for `n` tokens (default: the target's own)."""
+    body = body or orjson.dumps(target.build(n, interval, True))
     started = time.perf_counter()
     headers = {"content-type": "application/json", "accept": "text/event-stream",
                **target.headers}

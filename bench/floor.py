@@ -2,10 +2,13 @@
 
 A FastAPI route behind uvicorn (same options as the proxy: httptools, uvloop), one
 `httpx.AsyncClient`, orjson, httpx-sse's decoders and sse-starlette's `EventSourceResponse`,
-and no conversion beyond the text: the last user message becomes one OpenAI message, the
-answer's text becomes Anthropic text events (a whole Message when not streaming). No auth,
-validation, routing, retries, logging or metrics. Like the proxy, it writes everything one
-upstream read brought in as one SSE write. The benchmark runs it from the production venv
+and no conversion beyond the text: each message becomes one OpenAI message of its text (text
+blocks, tool results' text, tool calls' input as JSON; a conversation is sent whole, as Claude
+Code sends it on every turn; until issue 35 only the last message was sent, which made a long
+conversation cost FLOOR nothing but its parsing), the answer's text becomes Anthropic text
+events (a whole Message when not streaming). No auth, validation, routing, retries, logging
+or metrics. Like the proxy, it writes everything one upstream read brought in as one SSE
+write. The benchmark runs it from the production venv
 through the same phases as the proxy, so every proxy figure is also a ratio to this one.
 
 Run as a script (`python bench/floor.py --port P --upstream URL`): it imports nothing from
@@ -34,18 +37,33 @@ def event(kind: str, payload: dict[str, Any]) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (kind.encode(), orjson.dumps({"type": kind, **payload}))
 
 
-def prompt_text(body: dict[str, Any]) -> str:
-    """The text of the last message (a string or text blocks)."""
-    content = body["messages"][-1]["content"]
+def block_text(block: Any) -> str:
+    """A content block's text: text, a tool result's text, a tool call's input as JSON."""
+    if not isinstance(block, dict):
+        return str(block)
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind == "tool_result":
+        return content_text(block.get("content"))
+    if kind == "tool_use":
+        return orjson.dumps(block.get("input")).decode()
+    return ""
+
+
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "".join(block.get("text", "") for block in content if block.get("type") == "text")
+    return "".join(block_text(block) for block in content or ())
 
 
 def upstream_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """Every message as one OpenAI message of its text (a translator has to send the whole
+    conversation: Claude Code sends it on every turn)."""
+    messages = [{"role": message["role"], "content": content_text(message["content"])}
+                for message in body["messages"]]
     request: dict[str, Any] = {"model": UPSTREAM_MODEL, "max_tokens": body["max_tokens"],
-                               "stream": stream,
-                               "messages": [{"role": "user", "content": prompt_text(body)}]}
+                               "stream": stream, "messages": messages}
     if stream:
         request["stream_options"] = {"include_usage": True}
     return request

@@ -19,8 +19,11 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM_KEY = "sk-bench-upstream-key"
 CLIENT_KEY = "sk-ant-bench-client-key"
-AS_USERS_RUN_IT = {"ANTHROPIC_API_KEY": CLIENT_KEY, "LOG_LEVEL": "INFO"}
-"""The proxy of the main scenarios checks a client key and writes the INFO access log."""
+AS_USERS_RUN_IT = {"ANTHROPIC_API_KEY": CLIENT_KEY, "LOG_LEVEL": "INFO",
+                   "CONTEXT_WINDOW": "1000000"}
+"""The proxy of the main scenarios checks a client key and writes the INFO access log. Its
+models get a window a long conversation fits in (1M tokens, as GPT-5.5, Kimi K3, GLM-5.3 and
+DeepSeek V4 have; gpt-4o's 128k would refuse the long_conversation phase's 800 KB)."""
 
 
 class StartupError(RuntimeError):

@@ -89,6 +89,10 @@ def targets(results: Results) -> list[Target]:
     if "idle_streams" in results:
         found.append(Target("memory per open stream", get(results, "idle_streams", "proxy",
                                                           "per_stream_kib"), 50, unit=" KiB"))
+    if "long_conversation" in results:
+        found += [Target(f"long conversation {row['kb']:g} KB {way} CPU vs floor",
+                         row["proxy_over_floor"], 1.0, unit="x")
+                  for way, row in conversation_rows(results["long_conversation"])]
     for upstream in TARGETED if "session" in results else ():
         found.append(Target(f"session cache share, {upstream}", get(
             results, "session", upstream, "proxy", "share_after_first"), TARGET_SHARE,
@@ -262,4 +266,23 @@ def summary(checked: list[Target]) -> str:
         verdict = "PASS" if target.passed else "FAIL"
         lines.append(f"  [{verdict}] {target.name}: {number(target.value)}{target.unit} "
                      f"(target {target.describe()})")
+    return "\n".join(lines)
+
+
+def conversation_rows(measured: Results) -> list[tuple[str, Results]]:
+    """The long_conversation phase's rows: (non-stream or stream, the row), by size."""
+    return [(way, measured[f"{size}kb_{way}"]) for size in measured.get("sizes_kb", [])
+            for way in ("nonstream", "stream") if f"{size}kb_{way}" in measured]
+
+
+def conversation_table(measured: Results) -> str:
+    """Server CPU per request of a growing Claude Code conversation, PROXY against FLOOR."""
+    lines = ["7. long conversation (a Claude Code session grown by file reads), server CPU "
+             "per request",
+             f"{'size':>9} {'answer':>10} {'PROXY ms':>9} {'FLOOR ms':>9} {'P/F':>6}"]
+    for way, row in conversation_rows(measured):
+        proxy = row.get("proxy", {}).get("server_cpu_ms", math.nan)
+        floor = row.get("floor", {}).get("server_cpu_ms", math.nan)
+        lines.append(f"{row['kb']:>6g} KB {way:>10} {number(proxy):>9} {number(floor):>9} "
+                     f"{number(row['proxy_over_floor']):>6}")
     return "\n".join(lines)

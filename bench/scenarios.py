@@ -11,12 +11,21 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from bench.client import StreamTiming, Target, lanes, new_client, request_message, request_stream
+from bench.client import (
+    StreamTiming,
+    Target,
+    lanes,
+    new_client,
+    request_message,
+    request_stream,
+    spec,
+)
+from bench.conversation import SIZES_KB, session_turns
 from bench.procs import Managed, Usage, machine_busy_seconds
 
 Result = dict[str, Any]
@@ -349,3 +358,66 @@ def cpu_percent(samples: list[Sample]) -> float:
     if len(samples) < 2 or samples[-1].at <= samples[0].at:
         return math.nan
     return 100 * (samples[-1].cpu - samples[0].cpu) / (samples[-1].at - samples[0].at)
+
+
+# ---------------------------------------------------------------- 7. long conversations
+
+
+SESSION_HEADER = "x-claude-code-session-id"
+LONG_TOKENS = 8
+"""Tokens in each answer: the phase measures the request, not the answer."""
+
+
+async def long_conversation(bench: Bench) -> Result:
+    """A Claude Code session late in its life: the recorded request grown by file-read turns
+    to 50, 200 and 800 KB (bench/conversation.py), each request one turn longer than the last
+    and sent with the session's header, non-streamed and streamed, to PROXY and FLOOR (DIRECT
+    has no conversation to translate). Reported: server CPU per request, and its ratio."""
+    count, warmup = bench.count(40, 3), bench.count(4, 1)
+    result: Result = {"requests": count, "sizes_kb": list(SIZES_KB)}
+    session = {SESSION_HEADER: f"bench-long-{random.getrandbits(32):08x}"}
+    sides = [target for target in bench.targets() if target is not bench.direct]
+    for size in SIZES_KB:
+        for stream in (False, True):
+            way = "stream" if stream else "nonstream"
+            bodies = session_turns(size, warmup + count, spec(LONG_TOKENS, 0.0), stream)
+            row: Result = {"kb": round(len(bodies[warmup]) / 1000, 1)}
+            for target in sides:
+                bench.log(f"  7. {count} {way} requests of {row['kb']} KB ({target.name})")
+                sent = replace(target, headers={**target.headers, **session})
+                key = f"long_conversation.{size}.{way}.{target.name}"
+                done, errors = await _conversation(bench, sent, bodies, warmup, stream, key)
+                row[target.name] = with_errors(
+                    {"server_cpu_ms": bench.server_cpu_ms(key, target, done)}, errors)
+            row["proxy_over_floor"] = _over(row, "proxy", "floor")
+            result[f"{size}kb_{way}"] = row
+    return result
+
+
+async def _conversation(bench: Bench, target: Target, bodies: list[bytes], warmup: int,
+                        stream: bool, key: str) -> tuple[int, list[str]]:
+    """The session's requests on one connection, the first `warmup` not counted."""
+    async def send(body: bytes) -> None:
+        if stream:
+            await request_stream(client, target, LONG_TOKENS, body=body)
+        else:
+            await request_message(client, target, LONG_TOKENS, body=body)
+
+    done, errors = 0, []
+    async with new_client() as client:
+        for body in bodies[:warmup]:
+            await send(body)
+        async with accounted(bench, key):
+            for body in bodies[warmup:]:
+                try:
+                    await send(body)
+                    done += 1
+                except Exception as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+    return done, errors
+
+
+def _over(row: Result, side: str, other: str) -> float:
+    mine = row.get(side, {}).get("server_cpu_ms", math.nan)
+    theirs = row.get(other, {}).get("server_cpu_ms", math.nan)
+    return round(mine / theirs, 3) if theirs else math.nan

@@ -30,7 +30,7 @@ def is_number(value: object) -> bool:
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "bench", "--scale", "0.05", "--json", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     document = json.loads(out.read_text())
     scenarios = document["scenarios"]
@@ -41,6 +41,13 @@ def test_bench_smoke(tmp_path: Path) -> None:
                 assert is_number(result[metric]), (scenario, side, metric, result)
             assert result.get("errors", 0) == 0, (scenario, side, result)
     assert is_number(scenarios["nonstream_latency"]["added_p50_ms"])
+    rows = {key: row for key, row in scenarios["long_conversation"].items()
+            if key.endswith(("kb_nonstream", "kb_stream"))}
+    assert len(rows) == 6, sorted(scenarios["long_conversation"])
+    for key, row in rows.items():
+        for side in ("proxy", "floor"):
+            assert is_number(row[side]["server_cpu_ms"]), (key, side, row)
+            assert row[side]["errors"] == 0, (key, side, row)
     # The proxy and FLOOR ran from the production venv, not from the source tree.
     assert document["meta"]["install"] == "production"
     assert "bench-prod-venv" in document["meta"]["proxy_package"], document["meta"]

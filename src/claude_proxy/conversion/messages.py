@@ -277,7 +277,15 @@ def tool_result_message(block: dict[str, Any],
     part carrying the breakpoint: the same text as the string form of later turns.
     """
     call_id = to_upstream_id(str(block.get("tool_use_id", "")))
-    parts = content_parts(block.get("content"), context="tool_result")
+    content = block.get("content")
+    if isinstance(content, str) and "cache_control" not in block:
+        # The common case (a tool's text output, unmarked), without building parts: a long
+        # conversation is mostly these, converted again on every request.
+        text = content
+        if block.get("is_error"):
+            text = f"Error: {text}" if text else "Error"
+        return {"role": "tool", "tool_call_id": call_id, "content": text}, []
+    parts = content_parts(content, context="tool_result")
     texts = [part["text"] for part in parts if part["type"] == "text"]
     media = [part for part in parts if part["type"] != "text"]
     text = "\n".join(texts)

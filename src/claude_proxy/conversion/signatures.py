@@ -149,12 +149,24 @@ def restore_hidden_thinking(body: dict[str, Any], signer: ThinkingSigner) -> dic
     "omitted"`) given its text back, so the rest of the pipeline sees an ordinary block of
     ours; the body itself when there is none."""
     messages = body.get("messages")
-    if not isinstance(messages, list):
+    if not isinstance(messages, list) or not _has_thinking(messages):
         return body
     restored = [_restored_message(message, signer) for message in messages]
     if all(new is old for new, old in zip(restored, messages, strict=True)):
         return body
     return {**body, "messages": restored}
+
+
+def _has_thinking(messages: list[Any]) -> bool:
+    """Whether any assistant message holds a thinking block: one flat loop, since every
+    request of a long conversation asks (most have none)."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and message.get("role") == "assistant":
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "thinking":
+                    return True
+    return False
 
 
 def _restored_message(message: Any, signer: ThinkingSigner) -> Any:

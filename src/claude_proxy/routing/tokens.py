@@ -5,8 +5,9 @@ For OpenAI-family models the count is exact: OpenAI's own encodings (o200k_base,
 compiled into the `toktok-rs` wheel so nothing is downloaded at run time, with the chat
 format's per-message overhead (3 tokens a message, 3 to prime the reply; OpenAI cookbook "How to
 count tokens with tiktoken"). For every other model the upstream's tokenizer is unknown: about
-four characters a token, which routing/calibration.py then corrects per session with the
-prompt tokens the upstream really reported.
+four bytes of the prompt's JSON a token (`plain_estimate`, made at C speed), which
+routing/calibration.py then corrects per session with the prompt tokens the upstream really
+reported.
 
 Every block type counts: system, messages (text, tool use and results, thinking), tools, images
 and documents (a fixed amount each; text documents by their text), and a structured-output
@@ -15,6 +16,7 @@ schema (sent as `response_format`, or in the system prompt where the upstream re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -71,8 +73,69 @@ def estimate_request_tokens(request: dict[str, Any], model: str | None = None) -
     name = encoding_name(model)
     if name is not None:
         return _exact(request, _encoder(name))
-    characters = sum(len(text) for text in texts(request))
-    return estimate_tokens(characters) + media_blocks(request) * TOKENS_PER_MEDIA_BLOCK
+    return plain_estimate(request)
+
+
+def plain_estimate(request: dict[str, Any]) -> int:
+    """About four bytes of the prompt's JSON a token, images and documents a fixed amount.
+
+    Made at C speed, because every request pays for it and Claude Code sends the whole
+    conversation each time (hundreds of KB late in a session): the system prompt and the
+    messages are serialized by orjson and their length taken, less the base64 payloads
+    (image and PDF data, thinking signatures), which are not prompt text; no Python loop
+    visits the blocks. The JSON's own keys and quotes count too (a tool call's id and name
+    are in the upstream's prompt as well); the session's calibration corrects the rest."""
+    system, messages = request.get("system"), request.get("messages")
+    tools, schema = request.get("tools"), requested_schema(request)
+    size = len(orjson.dumps(tools)) if tools else 0
+    if schema is not None:
+        size += len(schema_instruction(schema).encode())
+    if isinstance(system, str):
+        size += len(system.encode())
+    elif system:
+        size += _prompt_bytes(_serialized(system))
+    if not isinstance(messages, list):
+        return estimate_tokens(size)
+    data = _serialized(messages)
+    size += _prompt_bytes(data)
+    if b'"source":{' not in data:  # every image and document has one
+        media = 0
+    elif b'"type":"document"' in data:  # a document may be text, counted as text
+        media = media_blocks(request)
+    else:
+        media = data.count(b'"type":"image"')
+    return estimate_tokens(size) + media * TOKENS_PER_MEDIA_BLOCK
+
+
+def _serialized(value: Any) -> bytes:
+    """`value` as orjson writes it; nested deeper than orjson goes (254 levels, which only a
+    hostile body reaches), its repr."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return repr(value).encode()
+
+
+_PAYLOAD_KEYS = (b'"data":"', b'"signature":"')
+"""Strings that hold base64 (image and PDF data, redacted thinking, thinking signatures): not
+prompt text. Serialized JSON escapes every quote inside a string, so a key written in a text
+never matches."""
+_BASE64 = re.compile(rb"[A-Za-z0-9+/=_-]*")
+
+
+def _prompt_bytes(data: bytes) -> int:
+    """The JSON's length less its base64 payloads. A `find` for each key runs in C over the
+    whole JSON; Python only visits the payloads found (a text document's `data` is text)."""
+    size = len(data)
+    for key in _PAYLOAD_KEYS:
+        start = data.find(key)
+        while start >= 0:
+            start += len(key)
+            end = data.find(b'"', start)
+            if _BASE64.fullmatch(data, start, end):
+                size -= end - start
+            start = data.find(key, end)
+    return size
 
 
 def _exact(request: dict[str, Any], count: Counter) -> int:
@@ -88,15 +151,6 @@ def _exact(request: dict[str, Any], count: Counter) -> int:
             total += sum(count(text) for text in _strings(message.get("content")))
     total += sum(count(text) for text in _extras(request))
     return total
-
-
-def texts(request: dict[str, Any]) -> Iterator[str]:
-    """Every piece of text of a request that reaches the upstream's prompt."""
-    yield from _strings(request.get("system"))
-    for message in request.get("messages") or []:
-        if isinstance(message, dict):
-            yield from _strings(message.get("content"))
-    yield from _extras(request)
 
 
 def _extras(request: dict[str, Any]) -> Iterator[str]:

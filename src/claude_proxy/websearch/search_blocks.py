@@ -159,8 +159,7 @@ def replay_blocks(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any
     """The request with earlier turns' search blocks as text blocks (the body itself when
     there are none): `server_tool_use` → the query, `web_search_tool_result` → the results."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not any(
-            _has_search_block(message) for message in messages):
+    if not isinstance(messages, list) or not _any_search_block(messages):
         return body
     return {**body, "messages": [_replay_message(message, signer) for message in messages]}
 
@@ -172,6 +171,23 @@ def _is_search_block(block: Any) -> bool:
     kind = block.get("type")
     return kind == "web_search_tool_result" or (
         kind == "server_tool_use" and block.get("name", "web_search") == "web_search")
+
+
+def _any_search_block(messages: list[Any]) -> bool:
+    """`_has_search_block` of any message, in one flat loop: every request of a long
+    conversation asks, and most have none."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for block in content:
+                if (isinstance(block, dict) and block.get("type") in SEARCH_TYPES
+                        and _is_search_block(block)):
+                    return True
+    return False
+
+
+SEARCH_TYPES = ("server_tool_use", "web_search_tool_result")
+"""A tuple: a hostile block's `type` may be a list, which a set cannot be asked about."""
 
 
 def _has_search_block(message: Any) -> bool:
