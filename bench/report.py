@@ -146,6 +146,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("idle_streams", "errors", "5. idle errors"),
     ("peak_rss", "idle_hwm_mib", "6. server peak RSS idle (MiB)"),
     ("peak_rss", "after_load_hwm_mib", "6. server peak RSS after (MiB)"),
+    ("peak_rss", "after_all_hwm_mib", "6. peak RSS after phase 7 (MiB)"),
 ]
 
 # Derived rows: (label, scenario, key, row after which it is printed), a PROXY value only.

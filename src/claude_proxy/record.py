@@ -56,7 +56,7 @@ class RequestTrace(Protocol):
         """A tool the proxy ran itself (web search), just finished after `seconds`."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     request_id: str
     method: str
