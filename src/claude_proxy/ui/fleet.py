@@ -92,7 +92,7 @@ class FleetLog:
     # ------------------------------------------------------------ read
 
     async def rows(self) -> list[Row]:
-        """The fleet's last rows by when their requests started, oldest first; a row sent
+        """The fleet's last rows by when their requests finished, oldest first; a row sent
         twice (its first pipeline timed out, yet reached Redis) shown once. The log holds
         LATE_ROWS times as many: a process's rows that waited out an outage reach it late, as
         its newest entries, and would otherwise push the fleet's latest rows out of view
@@ -104,7 +104,7 @@ class FleetLog:
             if row["id"] not in seen:
                 seen.add(row["id"])
                 unique.append(row)
-        unique.sort(key=lambda row: float(row.get("at", 0)))
+        unique.sort(key=finished_at)
         return unique[-self.rows_limit:]
 
     async def processes(self, rows: list[Row]) -> list[str]:
@@ -157,3 +157,8 @@ class FleetLog:
         rows = await self.store.read_log(ROWS_LOG, NEWS_BATCH)
         return [row for row in rows
                 if row.get("process") != self.process and seen.add(str(row["id"]))]
+
+
+def finished_at(row: Row) -> float:
+    """When a row's request finished (its start, `at`, and its duration, `total` ms)."""
+    return float(row.get("at") or 0) + float(row.get("total") or 0) / 1e3
