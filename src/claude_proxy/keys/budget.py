@@ -12,7 +12,7 @@ with `x-should-retry: false`, so Claude Code stops at once instead of retrying t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from claude_proxy.config.key_specs import KeySpec, Period
@@ -64,16 +64,9 @@ def utc_text(moment: datetime) -> str:
 class Gate:
     """Admits a key's request, or refuses it with the error its client understands."""
 
-    def __init__(self, store: StateStore, clock: Clock, keys: Iterable[KeySpec] = ()) -> None:
-        """`keys`: the configured keys, whose spend is read once now, before the store starts:
-        a shared store loads what was read as it starts, so a process just (re)started knows
-        the fleet's spend from its first request, not only after its first refresh (it
-        admitted a spent key for a second, `make soak` found)."""
+    def __init__(self, store: StateStore, clock: Clock) -> None:
         self.store = store
         self.clock = clock
-        for spec in keys:
-            if spec.budget_usd is not None:
-                self.spent(spec)
 
     async def admit(self, identity: Identity) -> None:
         """Raises the 429 of an exhausted budget or an exceeded rpm/tpm; else counts the
@@ -92,18 +85,15 @@ class Gate:
             key, ttl = minute_counter("rpm", spec.name, now)
             self.store.add(key, 1.0, ttl)
 
-    def spent(self, spec: KeySpec, now: float | None = None) -> float:
-        now = self.clock() if now is None else now
-        return self.store.total(spend_counter(spec.name, spec.budget_period, now)[0])
-
     async def _budget(self, spec: KeySpec, budget: float, now: float) -> None:
         """The fleet's spend as it is now, not this process's copy of it (up to a second old,
         and new processes start without one): with four processes the copies let a key
         spend its budget about four times over (tests/soak.py measured 2.4x in its first
-        second). One round trip to the shared store, for keys with a budget only; without
-        it (or with Redis away) the local copy answers, failing open."""
+        second; a process just restarted admitted a spent key until its first refresh). One
+        round trip to the shared store, for keys with a budget only; without it (or with Redis
+        away) the local copy answers, failing open."""
         counter, ttl = spend_counter(spec.name, spec.budget_period, now)
-        spent = await self.store.add_total(counter, 0.0, ttl)
+        spent = await self.store.fresh_total(counter, ttl)
         if spent < budget:
             return
         _, end = period_bounds(spec.budget_period, now)

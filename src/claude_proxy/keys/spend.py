@@ -198,7 +198,7 @@ class Ledger:
         figures = []
         for kind in ("day", period):
             counter, ttl = spend_counter(name, kind, now)
-            figures.append(await self.store.add_total(counter, 0.0, ttl))
+            figures.append(await self.store.fresh_total(counter, ttl))
         return figures[0], figures[1]
 
 

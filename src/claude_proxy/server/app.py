@@ -89,7 +89,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     app = FastAPI(title="claude-proxy", lifespan=partial(lifespan, transport=transport),
                   docs_url=None, redoc_url=None, openapi_url=None,
                   **telemetry_option(os.environ, own=telemetry is not None))
-    gate = Gate(store, clock, config.keys.values())
+    gate = Gate(store, clock)
     app.state.wiring = Wiring(settings, config, metrics, gate, keyring, datetime.now(UTC))
     app.state.store, app.state.ledger, app.state.telemetry = store, ledger, telemetry
     app.state.recorder = dashboard_recorder(app, config, store, ledger)

@@ -237,12 +237,21 @@ class RedisStore(StateStore):
 
     async def add_total(self, key: str, amount: float = 1.0, ttl: float | None = None) -> float:
         self.add(key, amount, ttl)
+        return await self._read_total(key, ttl)
+
+    async def fresh_total(self, key: str, ttl: float | None = None) -> float:
+        self._watch(key, counter=True)
+        return await self._read_total(key, ttl)
+
+    async def _read_total(self, key: str, ttl: float | None) -> float:
+        """Redis's value after this process's queued writes, plus what it still owes (the
+        local copy while Redis is away, failing open)."""
         async with self._flushing:
             sent = self._up and await self._flush_queued()
             value = await self._call(lambda: self._client.get(self.prefix + key)) if sent else None
-        if value is None:
+        if not (sent and self._up):
             return self.local.total(key)
-        total = float(value) + self._owed_for(key)
+        total = float(value or 0) + self._owed_for(key)
         self.local.set_total(key, total, ttl)
         return total
 

@@ -101,6 +101,12 @@ class StateStore(ABC):
         self.add(key, amount, ttl)
         return self.total(key)
 
+    async def fresh_total(self, key: str, ttl: float | None = None) -> float:
+        """The counter's fleet-wide value now (not a local copy, which a shared backend keeps
+        up to a second old, or longer after an outage), for the few reads that are money:
+        a budget's admission, a key's own spend. `ttl`: the counter's, kept on the copy."""
+        return self.total(key)
+
     async def fetch(self, key: str) -> Record | None:
         """`get`, but waiting for the shared backend when this process holds no fresh copy."""
         return self.get(key)
