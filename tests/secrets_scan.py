@@ -17,9 +17,9 @@ def findings(log: str, responses: bytes, secrets: list[str]) -> list[str]:
     """Where each secret (and each team key's hash) was found: empty when nowhere."""
     found = []
     for secret in secrets:
-        for where, haystack in (("the log", secret in log),
-                                ("a response", secret.encode() in responses)):
-            if haystack:
+        for where, there in (("the log", secret in log),
+                             ("a response", secret.encode() in responses)):
+            if there:
                 found.append(f"a secret ({secret[:6]}…) appeared in {where}")
     return found
 

@@ -130,8 +130,9 @@ async def messages(request: Request) -> Response:
     wired = wiring(request)
     payload = await read_json_body(request, wired.settings.max_request_bytes)
     body = validate_request(MessagesRequest, payload)
-    current_record().betas = request.headers.get("anthropic-beta")
-    screen_request(body, current_record().betas)
+    record = current_record()
+    record.betas = request.headers.get("anthropic-beta")
+    screen_request(body, record.betas)
     await wired.gate.admit(identity)  # budget, rpm, tpm: before anything is sent upstream
     service = service_of(request)
     deadline = asyncio.get_running_loop().time() + wired.settings.total_timeout
@@ -143,7 +144,6 @@ async def messages(request: Request) -> Response:
     if body.get("stream"):
         converter, stream = await before_first_byte(
             request, service.open_stream(body, session), deadline)
-        record = current_record()
 
         async def finish() -> None:
             await stream.aclose()
