@@ -273,12 +273,13 @@ class MessagesService:
 
     # ------------------------------------------------------------ routing and failover
 
-    async def routed(self, body: dict[str, Any], send: Send[T],
-                      session: str | None) -> tuple[Attempt, T]:
-        """Walk the router's candidates until one answers (before its first byte)."""
+    async def routed(self, body: dict[str, Any], send: Send[T], session: str | None,
+                     raw: bytes | None = None) -> tuple[Attempt, T]:
+        """Walk the router's candidates until one answers (before its first byte). `raw`:
+        the client's JSON that `body` was parsed from, for the estimate."""
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
-        estimate = estimate_request_tokens(body)
+        estimate = estimate_request_tokens(body, raw=raw)
         measure = self.measure(body, session, estimate)
         previous = await self.sessions.recall(session)
         candidates = self.permitted(self.router.candidates(
@@ -350,11 +351,12 @@ class MessagesService:
         candidates = self.router.candidates(body, plain, self.sessions.previous(session))
         return self.measure(body, session, plain, exact=True)(candidates[0]).tokens
 
-    async def count_input(self, body: dict[str, Any], session: str | None) -> int:
+    async def count_input(self, body: dict[str, Any], session: str | None,
+                          raw: bytes | None = None) -> int:
         """count_tokens: the upstream's own count where the API of the provider this request
         would go to has one (a Messages endpoint that documents it), else `count_tokens`'s
-        estimate (also when that count fails)."""
-        plain = estimate_request_tokens(body)
+        estimate (also when that count fails). `raw`: as for `routed`."""
+        plain = estimate_request_tokens(body, raw=raw)
         candidate = self.router.candidates(body, plain, self.sessions.previous(session))[0]
         counted = await self._counted_upstream(body, candidate)
         if counted is not None:
@@ -502,24 +504,27 @@ class MessagesService:
     # ------------------------------------------------------------ entry points
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
-                          ) -> tuple[StreamConverter, UpstreamStream]:
-        """The upstream stream, opened (errors before the first byte raise ProxyError)."""
+                          raw: bytes | None = None) -> tuple[StreamConverter, UpstreamStream]:
+        """The upstream stream, opened (errors before the first byte raise ProxyError).
+        `raw`: as for `routed`."""
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
             return api_of(upstream).send_stream(provider.client, upstream)
 
-        attempt, stream = await self.routed(body, send, session)
+        attempt, stream = await self.routed(body, send, session, raw)
         return self.converter(body, attempt), stream
 
-    async def create(self, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
+    async def create(self, body: dict[str, Any], session: str | None = None,
+                     raw: bytes | None = None) -> dict[str, Any]:
         """A whole Message, for non-streaming clients. With stop sequences the upstream is
-        asked for a stream, so that it can be cancelled where one matches."""
+        asked for a stream, so that it can be cancelled where one matches. `raw`: as for
+        `routed`."""
         if body.get("stop_sequences"):
             return await self._create_streamed(body, session)
 
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
             return api_of(upstream).send_once(provider.client, upstream)
 
-        attempt, answer = await self.routed(body, send, session)
+        attempt, answer = await self.routed(body, send, session, raw)
         chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         events = convert_chunks(chunks, converter, end=False)

@@ -68,43 +68,89 @@ def _encoder(name: str) -> Counter:
     return count
 
 
-def estimate_request_tokens(request: dict[str, Any], model: str | None = None) -> int:
-    """The request's input tokens for `model` (the upstream model id; None: unknown)."""
+def estimate_request_tokens(request: dict[str, Any], model: str | None = None,
+                            raw: bytes | None = None) -> int:
+    """The request's input tokens for `model` (the upstream model id; None: unknown).
+    `raw`: the request's JSON as the client sent it, when the request is that JSON parsed."""
     name = encoding_name(model)
     if name is not None:
         return _exact(request, _encoder(name))
-    return plain_estimate(request)
+    return plain_estimate(request, raw)
 
 
-def plain_estimate(request: dict[str, Any]) -> int:
+def plain_estimate(request: dict[str, Any], raw: bytes | None = None) -> int:
     """About four bytes of the prompt's JSON a token, images and documents a fixed amount.
 
-    Made at C speed, because every request pays for it and Claude Code sends the whole
-    conversation each time (hundreds of KB late in a session): the system prompt and the
-    messages are serialized by orjson and their length taken, less the base64 payloads
-    (image and PDF data, thinking signatures), which are not prompt text; no Python loop
-    visits the blocks. The JSON's own keys and quotes count too (a tool call's id and name
-    are in the upstream's prompt as well); the session's calibration corrects the rest."""
-    system, messages = request.get("system"), request.get("messages")
-    tools, schema = request.get("tools"), requested_schema(request)
-    size = len(orjson.dumps(tools)) if tools else 0
+    Every request pays for it, and Claude Code sends the whole conversation each time
+    (hundreds of KB late in a session), so no byte of the conversation is visited in
+    Python: the prompt's size is the length of its JSON (the system prompt, the messages
+    and the tools as orjson writes them, or read off the client's own compact JSON, `raw`,
+    where it is that), less the base64 payloads (image and PDF data, thinking signatures),
+    which are not prompt text and are found by a walk over the blocks, not their text. The
+    JSON's own keys and quotes count too (a tool call's id and name are in the upstream's
+    prompt as well); the session's calibration corrects the rest."""
+    messages = request.get("messages")
+    size = _raw_prompt_size(request, raw) if raw is not None else None
+    if size is None:
+        size = _prompt_size(request)
+    schema = requested_schema(request)
     if schema is not None:
         size += len(schema_instruction(schema).encode())
+    if not isinstance(messages, list):
+        return estimate_tokens(size)
+    payload, media = _payloads(messages)
+    return estimate_tokens(size - payload) + media * TOKENS_PER_MEDIA_BLOCK
+
+
+PROMPT_FIELDS = ("system", "messages", "tools")
+
+
+def _prompt_size(request: dict[str, Any]) -> int:
+    """The prompt's JSON length, serialized: the tools, the system prompt (a string by its
+    text) and the messages."""
+    system, tools = request.get("system"), request.get("tools")
+    size = len(_serialized(tools)) if tools else 0
     if isinstance(system, str):
         size += len(system.encode())
     elif system:
-        size += _prompt_bytes(_serialized(system))
-    if not isinstance(messages, list):
-        return estimate_tokens(size)
-    data = _serialized(messages)
-    size += _prompt_bytes(data)
-    if b'"source":{' not in data:  # every image and document has one
-        media = 0
-    elif b'"type":"document"' in data:  # a document may be text, counted as text
-        media = media_blocks(request)
-    else:
-        media = data.count(b'"type":"image"')
-    return estimate_tokens(size) + media * TOKENS_PER_MEDIA_BLOCK
+        size += len(_serialized(system))
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        size += len(_serialized(messages))
+    return size
+
+
+def _raw_prompt_size(request: dict[str, Any], raw: bytes) -> int | None:
+    """`_prompt_size` read off the client's JSON, without serializing the conversation
+    again: the body's length less that of its other fields (a few hundred bytes to
+    serialize). Exact when the client writes JSON as orjson does (no spaces, non-ASCII text
+    as UTF-8), as Claude Code, the Anthropic SDKs and httpx do; None (serialize instead)
+    for JSON with spaces after its separators, or ASCII-only JSON that may hold `\\u`
+    escapes, whose length would overstate the text."""
+    if not _compact(raw) or (raw.isascii() and b"\\u" in raw):
+        return None
+    present = [name for name in PROMPT_FIELDS if name in request]
+    rest = {key: value for key, value in request.items() if key not in PROMPT_FIELDS}
+    # '{' + '"key":value' joined by ',' + '}': the prompt's values are what the other
+    # fields (with their braces), the prompt's keys and their commas leave.
+    size = (len(raw) - (len(orjson.dumps(rest)) if rest else 1) - len(present)
+            - sum(len(name) + 3 for name in present))
+    for name in present:  # as `_prompt_size` counts them
+        value = request[name]
+        if isinstance(value, str):
+            size += len(value.encode()) - len(orjson.dumps(value))
+        elif not value:
+            size -= len(orjson.dumps(value))
+    return size
+
+
+def _compact(raw: bytes) -> bool:
+    """Whether the JSON object in `raw` is written without spaces: its first key is followed
+    by `:` and a value, not by a space (a writer either spaces its separators or not)."""
+    if not raw.startswith(b'{"'):
+        return False
+    colon = raw.find(b'":', 2, 200)
+    return colon > 0 and raw[colon + 2:colon + 3] not in (b" ", b"\n", b"")
 
 
 def _serialized(value: Any) -> bytes:
@@ -116,26 +162,52 @@ def _serialized(value: Any) -> bytes:
         return repr(value).encode()
 
 
-_PAYLOAD_KEYS = (b'"data":"', b'"signature":"')
-"""Strings that hold base64 (image and PDF data, redacted thinking, thinking signatures): not
-prompt text. Serialized JSON escapes every quote inside a string, so a key written in a text
-never matches."""
-_BASE64 = re.compile(rb"[A-Za-z0-9+/=_-]*")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=_-]*")
 
 
-def _prompt_bytes(data: bytes) -> int:
-    """The JSON's length less its base64 payloads. A `find` for each key runs in C over the
-    whole JSON; Python only visits the payloads found (a text document's `data` is text)."""
-    size = len(data)
-    for key in _PAYLOAD_KEYS:
-        start = data.find(key)
-        while start >= 0:
-            start += len(key)
-            end = data.find(b'"', start)
-            if _BASE64.fullmatch(data, start, end):
-                size -= end - start
-            start = data.find(key, end)
-    return size
+def _payloads(messages: list[Any]) -> tuple[int, int]:
+    """(bytes of base64, media blocks) in the messages: image and document data, thinking
+    signatures, redacted thinking, wherever they are (tool results included). A walk over
+    the blocks, not their text (a text that names a payload key is still text), in one
+    flat loop: most blocks are text, tool calls and tool results of text."""
+    payload = media = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in _PLAIN or kind is None:
+                continue
+            found, count = _block_payloads(block)
+            payload, media = payload + found, media + count
+    return payload, media
+
+
+_PLAIN = frozenset({"text", "tool_use"})
+"""Block types that hold no payload."""
+
+
+def _block_payloads(block: dict[str, Any]) -> tuple[int, int]:
+    kind = block.get("type")
+    if kind == "thinking":
+        return _base64_length(block.get("signature")), 0
+    if kind == "redacted_thinking":
+        return _base64_length(block.get("data")), 0
+    if kind in ("image", "document"):
+        source = block.get("source")
+        if not isinstance(source, dict):
+            return 0, 0
+        if source.get("type") in ("text", "content"):  # text, counted as text
+            return _payloads([{"content": source.get("content")}])
+        return _base64_length(source.get("data")), 1
+    content = block.get("content")  # a tool result's, or another block's that has some
+    return _payloads([{"content": content}]) if isinstance(content, list) else (0, 0)
+
+
+def _base64_length(data: Any) -> int:
+    """The length of a base64 string (a text document's `data` is text, not a payload)."""
+    return len(data) if isinstance(data, str) and _BASE64.fullmatch(data) else 0
 
 
 def _exact(request: dict[str, Any], count: Counter) -> int:

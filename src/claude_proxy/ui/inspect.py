@@ -187,12 +187,24 @@ def error_of(record: RequestRecord) -> dict[str, Any] | None:
     return None
 
 
+def _body(parsed: dict[str, Any] | None, sent: bytes | None) -> dict[str, Any] | None:
+    """A body from the bytes it was sent as (the kept form), else as the request held it."""
+    if sent is not None:
+        try:
+            body = orjson.loads(sent)
+        except orjson.JSONDecodeError:
+            return None
+        return body if isinstance(body, dict) else None
+    return parsed
+
+
 def inspector_view(record: RequestRecord) -> dict[str, Any]:
-    client = record.client_body or {}
+    client = _body(record.client_body, record.client_json) or {}
+    upstream = _body(record.upstream_body, record.upstream_json)
     return {
         "client": client_view(client) if client else None,
-        "upstream": (upstream_view(client, record.upstream_body, record.added)
-                     if record.upstream_body is not None else None),
+        "upstream": (upstream_view(client, upstream, record.added)
+                     if upstream is not None else None),
         "answer": answer_view(message_of(record)),
         "error": error_of(record),
     }

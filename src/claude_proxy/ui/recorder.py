@@ -227,7 +227,7 @@ class Recorder:
         self.rows.append(row)
         self.series.add(row, now)
         if self.inspect_limit:
-            self.kept[record.request_id] = record
+            self.kept[record.request_id] = record.for_keeping()
             if len(self.kept) > self.inspect_limit:
                 self.kept.popitem(last=False)
         if self.fleet is not None:

@@ -38,7 +38,7 @@ from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
-from claude_proxy.record import current_trace, mark
+from claude_proxy.record import current_record, current_trace, mark
 from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstream.overflow import from_payload, from_upstream
@@ -347,7 +347,7 @@ class OpenAIClient:
         endpoint's headers in place of the client's (its API's auth), `extra`: this
         request's."""
         target, headers_for, transport = self._endpoint(url, params)
-        content = orjson.dumps(body)
+        content = current_record().upstream_json = orjson.dumps(body)  # for the inspector
         # A copy shares the prepared headers' tuples (made anew, each request's copy of them
         # was kept for as long as its answer is open).
         headers = self._prepared_headers(target, headers_for, accept,
@@ -360,7 +360,6 @@ class OpenAIClient:
             trace.inject(headers)
         request = httpx.Request("POST", target, headers=headers, stream=OneShotBody(content),
                                 extensions=self._extensions)
-        del content
         try:
             response = await self._hand_to_transport(transport, request)
         except httpx.HTTPError as exc:
