@@ -164,6 +164,8 @@ def attach_opaque_details(
     tool-call turn without its signature). Returns whether any went back."""
     attached = False
     for position, turn in turns:
+        if not turn.thinking:
+            continue
         entries = [entry for block in turn.thinking if block.get("type") == "thinking"
                    for entry in opaque_for(block)
                    if str(entry.get("type", "")).startswith("reasoning.")]
@@ -187,6 +189,8 @@ def attach_tool_call_extras(messages: list[dict[str, Any]],
     call id; the turn's first call when the id is gone). Always, even for a model that
     refused the reasoning fields: Gemini 3 refuses a tool-call turn without its signature."""
     for position, turn in turns:
+        if not turn.thinking:
+            continue
         items = [item for block in turn.thinking if block.get("type") == "thinking"
                  for item in opaque_for(block) if item.get("type") == TOOL_CALL_EXTRA]
         calls = [call for call in messages[position].get("tool_calls") or []

@@ -49,7 +49,6 @@ from claude_proxy.conversion.tools import (
     convert_tool_choice,
     convert_tools,
     expand_tool_references,
-    referenced_tool_names,
 )
 
 logger = logging.getLogger("claude_proxy.conversion")
@@ -308,10 +307,10 @@ def _add_tools(request: dict[str, Any], body: dict[str, Any], settings: Provider
 def chat_tool_fields(request: dict[str, Any], model: str,
                      settings: ProviderSettings) -> dict[str, Any]:
     """`tools`, `tool_choice` and `parallel_tool_calls` in Chat Completions' form (disabled
-    tool groups removed); nothing when no tool is left."""
-    loaded = referenced_tool_names(request["messages"])
-    tools = _without_disabled_groups(convert_tools(request.get("tools"), loaded), model,
-                                     settings)
+    tool groups removed); nothing when no tool is left. `request` has been through
+    `expand_tool_references`: the deferred tools its references load have lost their
+    `defer_loading`, and the others are left out."""
+    tools = _without_disabled_groups(convert_tools(request.get("tools")), model, settings)
     if not tools:
         return {}
     fields: dict[str, Any] = {"tools": tools}

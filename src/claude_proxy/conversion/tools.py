@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 logger = logging.getLogger("claude_proxy.conversion")
@@ -28,22 +28,30 @@ def is_server_tool(tool: dict[str, Any]) -> bool:
 
 
 def referenced_tool_names(messages: Iterable[dict[str, Any]]) -> set[str]:
-    """Names loaded by `tool_reference` blocks anywhere in the conversation."""
+    """Names loaded by `tool_reference` blocks anywhere in the conversation (in a message,
+    or in a tool result). One flat loop: every request asks, and most hold none."""
     names: set[str] = set()
     for message in messages:
         content = message.get("content")
         if not isinstance(content, list):
             continue
         for block in content:
-            if not isinstance(block, dict):
-                continue
-            inner = block.get("content") if block.get("type") == "tool_result" else [block]
-            for item in inner if isinstance(inner, list) else []:
-                if isinstance(item, dict) and item.get("type") == "tool_reference":
-                    name = item.get("tool_name")
-                    if isinstance(name, str):
-                        names.add(name)
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    names.update(_reference_names(inner))
+            elif kind == "tool_reference":
+                names.update(_reference_names((block,)))
     return names
+
+
+def _reference_names(blocks: Iterable[Any]) -> Iterator[str]:
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "tool_reference":
+            name = block.get("tool_name")
+            if isinstance(name, str):
+                yield name
 
 
 def expand_tool_references(request: dict[str, Any]) -> dict[str, Any]:
@@ -143,10 +151,10 @@ def convert_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def convert_tools(
-    tools: list[dict[str, Any]] | None, loaded: set[str]
-) -> list[dict[str, Any]]:
-    """The OpenAI `tools` list: custom tools, minus server tools and unloaded deferred ones."""
+def convert_tools(tools: list[dict[str, Any]] | None,
+                  loaded: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The OpenAI `tools` list: custom tools, minus server tools and deferred ones that no
+    `tool_reference` (named in `loaded`) has loaded."""
     converted: list[dict[str, Any]] = []
     for tool in tools or []:
         name = tool.get("name")

@@ -48,11 +48,16 @@ def thread(body: dict[str, Any] | None) -> str:
     (Claude Code's per-request billing header left out)."""
     system = (body or {}).get("system")
     blocks = [system] if isinstance(system, str) else system if isinstance(system, list) else []
-    text = "\n".join(str(block.get("text", "")) if isinstance(block, dict) else str(block)
-                     for block in blocks)
-    kept = "\n".join(line for line in text.split("\n")
-                     if not line.startswith(BILLING_HEADER))
-    return hashlib.sha256(kept.encode()).hexdigest()[:16]
+    texts = [str(block.get("text", "")) if isinstance(block, dict) else str(block)
+             for block in blocks]
+    # Claude Code's header is a block of its own: left out whole, the prompt (tens of KB)
+    # is not split into lines, which every request paid for twice.
+    text = "\n".join(text for text in texts
+                     if not (text.startswith(BILLING_HEADER) and "\n" not in text))
+    if BILLING_HEADER in text:
+        text = "\n".join(line for line in text.split("\n")
+                         if not line.startswith(BILLING_HEADER))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _key(session: str, provider: str, model: str, conversation: str) -> str:
