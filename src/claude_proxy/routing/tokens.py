@@ -177,7 +177,7 @@ def _payloads(messages: list[Any]) -> tuple[int, int]:
             continue
         for block in content:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind in _PLAIN or kind is None:
+            if not isinstance(kind, str) or kind in _PLAIN:
                 continue
             found, count = _block_payloads(block)
             payload, media = payload + found, media + count
