@@ -4,6 +4,7 @@ count their text, and a recorded Claude Code conversation grows it by what was a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -67,3 +68,28 @@ def test_a_file_read_turn_adds_about_its_own_size() -> None:
     body["messages"].extend(read_turn(999))
     added = len(orjson.dumps(read_turn(999)))
     assert abs(estimate_request_tokens(body) - before - added / 4) <= 2
+
+
+def test_the_clients_own_compact_json_gives_the_same_estimate() -> None:
+    body = grown(200)
+    body["system"] = "A system prompt as a string, with a \"quote\" and a line\nbreak: é"
+    expected = estimate_request_tokens(body)
+    written_by_node = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    assert estimate_request_tokens(body, raw=orjson.dumps(body)) == expected
+    assert estimate_request_tokens(body, raw=written_by_node) == expected
+
+
+def test_json_with_spaces_or_escapes_is_not_measured_by_its_length() -> None:
+    body = user({"type": "text", "text": "日本語のテキスト " * 500})
+    expected = estimate_request_tokens(body)
+    escaped = json.dumps(body).encode()  # Python's default: spaces, \uXXXX for every character
+    assert len(escaped) > 1.9 * len(orjson.dumps(body))
+    assert estimate_request_tokens(body, raw=escaped) == expected
+    spaced = json.dumps(body, ensure_ascii=False).encode()
+    assert estimate_request_tokens(body, raw=spaced) == expected
+
+
+def test_payloads_in_the_clients_json_are_left_out_as_well() -> None:
+    body = user(IMAGE, {"type": "text", "text": "what is in this picture?"})
+    assert estimate_request_tokens(body, raw=orjson.dumps(body)) == estimate_request_tokens(body)
+    assert estimate_request_tokens(body) < 2 * TOKENS_PER_MEDIA_BLOCK

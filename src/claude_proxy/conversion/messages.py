@@ -232,6 +232,8 @@ def user_content(parts: list[Part], keep_parts: bool = False) -> str | list[Part
     With `keep_parts` (an upstream that takes breakpoints) several blocks stay separate parts
     on every turn, and a single marked one becomes a one-part array (rendered like the string
     it is on later turns), so the marker stays on the part the client marked."""
+    if len(parts) == 1 and parts[0]["type"] == "text" and "cache_control" not in parts[0]:
+        return str(parts[0]["text"])  # most turns: its text itself, not a copy made by a join
     text_only = all(part["type"] == "text" for part in parts)
     if keep_parts and text_only and (len(parts) > 1 or marker_of(parts) is not None):
         return parts
@@ -325,6 +327,10 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
             tool_calls.append(tool_call(block))
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
+        elif kind == "text" and "cache_control" not in block:  # the common case, directly
+            text = block.get("text")
+            if isinstance(text, str) and text:
+                texts.append(_text_part(text))
         else:
             texts.extend(part for part in _block_parts(block, "assistant")
                          if part["type"] == "text")

@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.census import holds
+
 logger = logging.getLogger("claude_proxy.conversion")
 
 _PREFIX = "cp2."
@@ -158,8 +160,10 @@ def restore_hidden_thinking(body: dict[str, Any], signer: ThinkingSigner) -> dic
 
 
 def _has_thinking(messages: list[Any]) -> bool:
-    """Whether any assistant message holds a thinking block: one flat loop, since every
-    request of a long conversation asks (most have none)."""
+    """Whether any assistant message holds a thinking block (every request of a long
+    conversation asks, and most have none: `census` first)."""
+    if not holds(messages, "thinking"):
+        return False
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and message.get("role") == "assistant":

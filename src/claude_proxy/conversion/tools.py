@@ -12,6 +12,8 @@ import logging
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
+from claude_proxy.conversion.census import holds
+
 logger = logging.getLogger("claude_proxy.conversion")
 
 # Schema keys that describe the document rather than the arguments. `$schema` is dropped
@@ -27,10 +29,12 @@ def is_server_tool(tool: dict[str, Any]) -> bool:
     return kind not in (None, "custom")
 
 
-def referenced_tool_names(messages: Iterable[dict[str, Any]]) -> set[str]:
+def referenced_tool_names(messages: list[dict[str, Any]]) -> set[str]:
     """Names loaded by `tool_reference` blocks anywhere in the conversation (in a message,
-    or in a tool result). One flat loop: every request asks, and most hold none."""
+    or in a tool result). Every request asks, and most hold none (`census`)."""
     names: set[str] = set()
+    if not holds(messages, "tool_reference"):
+        return names
     for message in messages:
         content = message.get("content")
         if not isinstance(content, list):

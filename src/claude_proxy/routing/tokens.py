@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.structured import requested_schema, schema_instruction
 from claude_proxy.conversion.usage import estimate_tokens
 
@@ -98,8 +99,11 @@ def plain_estimate(request: dict[str, Any], raw: bytes | None = None) -> int:
         size += len(schema_instruction(schema).encode())
     if not isinstance(messages, list):
         return estimate_tokens(size)
-    payload, media = _payloads(messages)
+    payload, media = _payloads(messages) if holds(messages, *_PAYLOAD_KINDS) else (0, 0)
     return estimate_tokens(size - payload) + media * TOKENS_PER_MEDIA_BLOCK
+
+
+_PAYLOAD_KINDS = ("thinking", "redacted_thinking", "image", "document")
 
 
 PROMPT_FIELDS = ("system", "messages", "tools")

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, Strict, ValidationError
 from typing_extensions import TypedDict
 
+from claude_proxy.conversion.census import Conversation
 from claude_proxy.errors import ProxyError
 
 StrictInt = Annotated[int, Strict()]
@@ -51,13 +52,15 @@ class MessagesRequest(CountTokensRequest):
 
 
 def validate_request(model: type[BaseModel], payload: Any) -> dict[str, Any]:
-    """The payload itself once it fits `model`; otherwise a 400 naming the first problem."""
+    """The payload itself once it fits `model` (its messages a `Conversation`, which keeps
+    its census of block types); otherwise a 400 naming the first problem."""
     if not isinstance(payload, dict):
         raise ProxyError(400, "request body must be a JSON object")
     try:
         model.model_validate(payload)
     except ValidationError as exc:
         raise ProxyError(400, describe_validation_error(exc)) from None
+    payload["messages"] = Conversation(payload["messages"])
     return payload
 
 

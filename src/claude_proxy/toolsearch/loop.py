@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.whole_blocks import (
     Block,
     new_server_tool_id,
@@ -261,8 +262,10 @@ def flatten(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _any_search(messages: list[Any]) -> bool:
-    """`_holds_search` of any message, in one flat loop: every request of a long
-    conversation asks, and most have none."""
+    """`_holds_search` of any message (every request of a long conversation asks, and most
+    have none: `census` first)."""
+    if not holds(messages, RESULT, "server_tool_use"):
+        return False
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.conversion.whole_blocks import Block, new_server_tool_id, text_block
 from claude_proxy.websearch.backends import Hit
@@ -174,8 +175,10 @@ def _is_search_block(block: Any) -> bool:
 
 
 def _any_search_block(messages: list[Any]) -> bool:
-    """`_has_search_block` of any message, in one flat loop: every request of a long
-    conversation asks, and most have none."""
+    """`_has_search_block` of any message (every request of a long conversation asks, and
+    most have none: `census` first)."""
+    if not holds(messages, *SEARCH_TYPES):
+        return False
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
