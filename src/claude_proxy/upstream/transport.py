@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
@@ -103,6 +104,31 @@ class OneShotBody(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield self._body  # another transport (the tests' mocks) reads it as usual
+
+
+LARGE_BODY = 64 * 1024
+"""From this size a request body is written after its headers rather than joined to them."""
+
+
+class _HeadersFirst(aiohttp.BytesPayload):
+    """A large request body, written after its headers. aiohttp joins the headers and the
+    first chunk into one write, and on Python before 3.12.9 it does so by copying them into
+    one buffer: on Claude Code's 800 KB conversations, a copy of the body (and the page
+    faults of a fresh 800 KB) on every request. An empty first write sends the headers
+    alone; the body then goes to the socket as it is. (Were aiohttp to stop holding the
+    headers back, the empty write would do nothing and the join would come back: slower,
+    never wrong.)"""
+
+    async def write_with_length(self, writer: AbstractStreamWriter,
+                                content_length: int | None) -> None:
+        await writer.write(b"")
+        await super().write_with_length(writer, content_length)
+
+
+def _payload(body: bytes) -> bytes | aiohttp.BytesPayload | None:
+    if len(body) >= LARGE_BODY:
+        return _HeadersFirst(body)
+    return body or None
 
 
 class _Body(httpx.AsyncByteStream):
@@ -216,7 +242,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             headers += self._proxy_headers.items()
         return await session.request(
             request.method, URL(str(request.url), encoded=True),
-            headers=headers, data=body or None,
+            headers=headers, data=_payload(body),
             allow_redirects=False, compress=False, timeout=self._timeout(request),
             proxy=self._proxy_url, proxy_headers=self._proxy_headers)
 
