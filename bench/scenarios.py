@@ -10,7 +10,12 @@ import random
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    nullcontext,
+)
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -368,13 +373,20 @@ LONG_TOKENS = 8
 """Tokens in each answer: the phase measures the request, not the answer."""
 
 
+LONG_ROUNDS = 4
+"""Each side's requests are sent in this many rounds, taking turns with the other sides, so
+that a change in the machine's speed during the phase falls on every side alike."""
+
+
 async def long_conversation(bench: Bench) -> Result:
     """A Claude Code session late in its life: the recorded request grown by file-read turns
     to 50, 200 and 800 KB (bench/conversation.py), each request one turn longer than the last
     and sent with the session's header, non-streamed and streamed, to PROXY and FLOOR (DIRECT
-    has no conversation to translate). Reported: server CPU per request, and its ratio."""
-    count, warmup = bench.count(40, 3), bench.count(4, 1)
-    result: Result = {"requests": count, "sizes_kb": list(SIZES_KB)}
+    has no conversation to translate), the sides taking turns in rounds. Reported: server CPU
+    per request, and its ratio."""
+    count, warmup = bench.count(80, 4), bench.count(4, 1)
+    rounds = min(LONG_ROUNDS, count)
+    result: Result = {"requests": count, "rounds": rounds, "sizes_kb": list(SIZES_KB)}
     session = {SESSION_HEADER: f"bench-long-{random.getrandbits(32):08x}"}
     sides = [target for target in bench.targets() if target is not bench.direct]
     for size in SIZES_KB:
@@ -382,39 +394,64 @@ async def long_conversation(bench: Bench) -> Result:
             way = "stream" if stream else "nonstream"
             bodies = session_turns(size, warmup + count, spec(LONG_TOKENS, 0.0), stream)
             row: Result = {"kb": round(len(bodies[warmup]) / 1000, 1)}
-            for target in sides:
-                bench.log(f"  7. {count} {way} requests of {row['kb']} KB ({target.name})")
-                sent = replace(target, headers={**target.headers, **session})
-                key = f"long_conversation.{size}.{way}.{target.name}"
-                done, errors = await _conversation(bench, sent, bodies, warmup, stream, key)
+            bench.log(f"  7. {count} {way} requests of {row['kb']} KB to each of "
+                      f"{', '.join(t.name for t in sides)}, in {rounds} rounds")
+            key = f"long_conversation.{size}.{way}"
+            sent = [replace(target, headers={**target.headers, **session}) for target in sides]
+            outcome = await _conversation(bench, sent, bodies, warmup, stream, rounds, key)
+            for target, (done, errors) in zip(sides, outcome, strict=True):
                 row[target.name] = with_errors(
-                    {"server_cpu_ms": bench.server_cpu_ms(key, target, done)}, errors)
+                    {"server_cpu_ms": bench.server_cpu_ms(f"{key}.{target.name}", target,
+                                                          done)}, errors)
             row["proxy_over_floor"] = _over(row, "proxy", "floor")
             result[f"{size}kb_{way}"] = row
     return result
 
 
-async def _conversation(bench: Bench, target: Target, bodies: list[bytes], warmup: int,
-                        stream: bool, key: str) -> tuple[int, list[str]]:
-    """The session's requests on one connection, the first `warmup` not counted."""
-    async def send(body: bytes) -> None:
+async def _conversation(bench: Bench, targets: list[Target], bodies: list[bytes],
+                        warmup: int, stream: bool, rounds: int,
+                        key: str) -> list[tuple[int, list[str]]]:
+    """The session's requests to each target on its own connection, the first `warmup` not
+    counted, the rest in `rounds` turns; each target's CPU summed over its turns."""
+    async def send(client: httpx.AsyncClient, target: Target, body: bytes) -> None:
         if stream:
             await request_stream(client, target, LONG_TOKENS, body=body)
         else:
             await request_message(client, target, LONG_TOKENS, body=body)
 
-    done, errors = 0, []
-    async with new_client() as client:
-        for body in bodies[:warmup]:
-            await send(body)
-        async with accounted(bench, key):
-            for body in bodies[warmup:]:
-                try:
-                    await send(body)
-                    done += 1
-                except Exception as exc:
-                    errors.append(f"{type(exc).__name__}: {exc}")
-    return done, errors
+    measured = bodies[warmup:]
+    outcome: list[tuple[int, list[str]]] = [(0, []) for _ in targets]
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(new_client()) for _ in targets]
+        for client, target in zip(clients, targets, strict=True):
+            for body in bodies[:warmup]:
+                await send(client, target, body)
+        for turn in range(rounds):
+            part = measured[turn * len(measured) // rounds:(turn + 1) * len(measured) // rounds]
+            for index, (client, target) in enumerate(zip(clients, targets, strict=True)):
+                done, errors = outcome[index]
+                async with accounted(bench, f"{key}.r{turn}.{target.name}"):
+                    for body in part:
+                        try:
+                            await send(client, target, body)
+                            done += 1
+                        except Exception as exc:
+                            errors.append(f"{type(exc).__name__}: {exc}")
+                outcome[index] = (done, errors)
+    for target in targets:
+        _merge_turns(bench, key, target.name, rounds)
+    return outcome
+
+
+def _merge_turns(bench: Bench, key: str, side: str, rounds: int) -> None:
+    """One CPU entry for a side out of its rounds' entries: seconds summed, busy % again."""
+    turns = [bench.cpu.pop(f"{key}.r{turn}.{side}") for turn in range(rounds)]
+    merged = {name: sum(turn[name] for turn in turns)
+              for name in turns[0] if not name.endswith("_busy_pct")}
+    for name in [name for name in merged if name.endswith("_cpu_s")]:
+        merged[name.removesuffix("_cpu_s") + "_busy_pct"] = (
+            100 * merged[name] / merged["wall_s"] if merged["wall_s"] else 0.0)
+    bench.cpu[f"{key}.{side}"] = {name: round(value, 4) for name, value in merged.items()}
 
 
 def _over(row: Result, side: str, other: str) -> float:
