@@ -38,6 +38,9 @@ PROXY_READS = {"OLLAMA_HOST": "src/claude_proxy/cli/command_line.py",
                "SOAK_LOG_LEVEL": "tests/soak.py",
                "DASHBOARD_README_SHOT": "tests/test_dashboard_browser.py",
                "CLAUDE_BIN_NEWEST": "tests/claude_code_pin.py",
+               # glibc reads them; the proxy leaves its allocator alone when they are set
+               "MALLOC_TRIM_THRESHOLD": "src/claude_proxy/cli/command_line.py",
+               "MALLOC_MMAP_THRESHOLD": "src/claude_proxy/cli/command_line.py",
                **{name: "tests/test_upstream_transport.py"  # httpx reads them for the upstream
                   for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
                                "SSL_CERT_FILE", "SSL_CERT_DIR")}}
