@@ -43,11 +43,22 @@ def holds(messages: list[Any], *types: str) -> bool:
 
 
 def _taken(messages: list[Any]) -> frozenset[str]:
+    """One flat loop over the messages' blocks; only nested content lists (a tool result's
+    blocks) go through `_add_kinds`."""
     found: set[str] = set()
+    add = found.add
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            _add_kinds(content, found)
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict):
+                kind = block.get("type")
+                if isinstance(kind, str):
+                    add(kind)
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    _add_kinds(inner, found)
     return frozenset(found)
 
 
