@@ -123,10 +123,9 @@ class RequestRecord:
     def for_keeping(self) -> RequestRecord:
         """This record as the inspector's ring keeps it once the request is over: its
         bodies as the bytes they came in and went out as, without their parsed dicts. A
-        Claude Code conversation parsed is thousands of objects, which the ring held for
-        its last 50 requests: memory the next requests could not reuse, and more page
-        faults for each (on 800 KB conversations a third of the server's CPU beyond
-        FLOOR's)."""
+        Claude Code conversation parsed is thousands of objects for the collector to walk
+        and the allocator to free one by one; as bytes, the ring's 50 requests of 800 KB
+        peaked at 239 MiB against 288 MiB as dicts."""
         return replace(self,
                        client_body=None if self.client_json is not None else self.client_body,
                        upstream_body=(None if self.upstream_json is not None
