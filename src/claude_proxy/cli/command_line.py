@@ -267,6 +267,12 @@ def tune_allocator() -> None:
     mallopt(M_TRIM_THRESHOLD, HEAP_KEPT)
 
 
+def tune_process() -> None:
+    """The collector and the allocator set for a server, once the app is built."""
+    tune_garbage_collector()
+    tune_allocator()
+
+
 def tune_garbage_collector() -> None:
     """Move everything loaded at start-up out of the collector's sight and collect less
     often: under many concurrent streams the default thresholds make full collections run
@@ -293,8 +299,7 @@ def worker_app() -> FastAPI:
     settings = config.settings
     configure_logging(settings.log_level, settings.log_file, config.secrets())
     app = create_app(settings, config=config)
-    tune_garbage_collector()
-    tune_allocator()
+    tune_process()
     return app
 
 
@@ -311,8 +316,7 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
                "http": http_protocol()}
     if args.workers <= 1:
         app = create_app(settings, config=config)
-        tune_garbage_collector()
-        tune_allocator()
+        tune_process()
         uvicorn.run(app, **options)
         return 0
     if env_file is not None:

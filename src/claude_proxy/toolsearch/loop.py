@@ -254,27 +254,13 @@ def flatten(body: dict[str, Any]) -> dict[str, Any]:
     """The request with earlier turns' tool-search blocks as the upstream can take them: a
     `server_tool_use` of the search tool → a line saying what was searched; its result → the
     `tool_reference` blocks (which keep the tools loaded, and read as their definitions), or
-    the error as text. Without such blocks the body itself."""
+    the error as text. Without such blocks the body itself (every request of a long
+    conversation asks, and most have none: the census answers first)."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not _any_search(messages):
+    if (not isinstance(messages, list) or not holds(messages, RESULT, "server_tool_use")
+            or not any(_holds_search(m) for m in messages)):
         return body
     return {**body, "messages": [_flattened(m) for m in messages]}
-
-
-def _any_search(messages: list[Any]) -> bool:
-    """`_holds_search` of any message (every request of a long conversation asks, and most
-    have none: `census` first)."""
-    if not holds(messages, RESULT, "server_tool_use"):
-        return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for block in content:
-                kind = block.get("type") if isinstance(block, dict) else None
-                if kind == RESULT or (kind == "server_tool_use" and _holds_search(
-                        {"content": [block]})):
-                    return True
-    return False
 
 
 def _holds_search(message: Any) -> bool:
