@@ -3,8 +3,12 @@ client's messages, nested blocks included, and never reused for a list it was no
 
 from __future__ import annotations
 
-from claude_proxy.conversion.census import Conversation, holds, kinds
+import pytest
+
+from claude_proxy.conversion.census import Conversation, checked, holds, kinds
 from claude_proxy.conversion.tools import referenced_tool_names
+from claude_proxy.errors import ProxyError
+from claude_proxy.server.requests import ROLES, MessagesRequest, validate_request
 
 REFERENCE = {"type": "tool_reference", "tool_name": "mcp__db__query"}
 
@@ -30,3 +34,34 @@ def test_string_content_and_odd_blocks_hold_nothing() -> None:
     messages = [{"role": "user", "content": "plain"}, {"role": "user", "content": [
         "a string", {"type": {"not": "a string"}}, {"no": "type"}]}, "not a message"]
     assert kinds(messages) == frozenset()
+
+
+def test_validation_takes_the_census_in_its_own_walk() -> None:
+    messages = [{"role": "user", "content": "plain"},
+                {"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                                  {"type": "tool_use", "id": "t1"}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [REFERENCE]}]}]
+    body = validate_request(MessagesRequest, {"model": "m", "max_tokens": 5,
+                                              "messages": messages})
+    conversation = body["messages"]
+    assert isinstance(conversation, Conversation) and conversation == messages
+    assert conversation.census == {"text", "tool_use", "tool_result", "tool_reference"}
+
+
+def test_what_the_walk_does_not_vouch_for_is_left_to_the_validator() -> None:
+    good = {"role": "user", "content": [{"type": "text", "text": "a"}]}
+    for odd in ({"role": "tool", "content": "x"}, {"role": "user"},
+                {"role": "user", "content": 5}, {"role": "user", "content": ["text"]},
+                ["user", "x"]):
+        assert checked([good, odd], ROLES) is None
+    checked_good = checked([good], ROLES)
+    assert checked_good is not None and checked_good.census == {"text"}
+    with pytest.raises(ProxyError) as refused:
+        validate_request(MessagesRequest, {"model": "m", "max_tokens": 5,
+                                           "messages": [good, {"role": "user", "content": 5}]})
+    assert refused.value.message.startswith("messages.1.content.str: Input should be a valid")
+    with pytest.raises(ProxyError) as empty:
+        validate_request(MessagesRequest, {"model": "m", "max_tokens": 5, "messages": []})
+    assert empty.value.message == (
+        "messages: List should have at least 1 item after validation, not 0")

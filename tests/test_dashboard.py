@@ -64,6 +64,25 @@ def test_ten_thousand_requests_leave_the_ring_buffers_at_their_limits() -> None:
     assert recorder.inspect("req_009999")["kept"] is True  # type: ignore[index]
 
 
+def test_inspect_bytes_bounds_the_kept_bodies_the_newest_always_kept() -> None:
+    recorder = Recorder(inspect=50, inspect_bytes=3_000_000, secrets=[], health=list)
+    for number, size in enumerate([1_000_000] * 6 + [5_000_000, 400_000]):
+        record = fake_record(number, events=0)
+        record.client_json, record.upstream_json = b"x" * (size // 2), b"y" * (size // 2)
+        recorder.started(record)
+        recorder.finished(record, time.perf_counter())
+        kept = list(recorder.kept)
+        if number < 6:  # three 1 MB requests fit in 3 MB
+            assert kept == [f"req_{n:06d}" for n in range(max(0, number - 2), number + 1)]
+            assert recorder.sizes()["kept_bytes"] == 1_000_000 * len(kept)
+    # a request larger than the budget is still kept, alone; the next one evicts it
+    assert list(recorder.kept) == ["req_000007"]
+    assert recorder.sizes()["kept_bytes"] == 400_000
+    gone = recorder.inspect("req_000005")
+    assert gone is not None and gone["kept"] is False and gone["inspect_bytes"] == 3_000_000
+    assert recorder.inspect("req_000007")["kept"] is True  # type: ignore[index]
+
+
 def test_inspect_requests_zero_keeps_metadata_only() -> None:
     recorder = Recorder(inspect=0, secrets=[], health=list)
     record = fake_record(1)
@@ -94,7 +113,8 @@ def test_only_requests_to_the_messages_api_are_recorded() -> None:
         record = RequestRecord("req_x", "GET", path)
         recorder.started(record)
         recorder.finished(record, time.perf_counter())
-    assert recorder.sizes() == {"rows": 0, "kept": 0, "in_flight": 0, "minutes": 0}
+    assert recorder.sizes() == {"rows": 0, "kept": 0, "kept_bytes": 0, "in_flight": 0,
+                                "minutes": 0}
 
 
 def test_feed_viewer_that_falls_behind_is_sent_a_fresh_snapshot() -> None:

@@ -131,6 +131,12 @@ class RequestRecord:
                        upstream_body=(None if self.upstream_json is not None
                                       else self.upstream_body))
 
+    def kept_size(self) -> int:
+        """The bytes of what `for_keeping` keeps that grow with the conversation: the bodies
+        as received and sent, the streamed frames, the error's start (INSPECT_BYTES)."""
+        return (len(self.client_json or b"") + len(self.upstream_json or b"")
+                + sum(len(frame) for frame in self.events) + len(self.error_body or b""))
+
     def line(self, finished: float) -> str:
         ttfb = "-" if self.first_byte is None else f"{(self.first_byte - self.started) * 1e3:.1f}"
         tokens = " ".join(f"{kind}={self.tokens.get(kind, 0)}" for kind in TOKEN_KINDS)

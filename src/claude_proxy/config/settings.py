@@ -406,6 +406,11 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     inspect_requests: int = Field(default=50, ge=0, le=10_000)
     """How many of the last requests the dashboard keeps whole (bodies, thinking, answer);
     0 keeps metadata only."""
+    inspect_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    """INSPECT_BYTES: the most the kept requests' bodies may take together; the oldest go
+    first (the last request is always kept). Late in a Claude Code session a request and its
+    upstream copy are a few MB: 50 of them held hundreds of MB, and filling that much fresh
+    memory cost each request page faults."""
     metrics_public: bool = False
     """Serve /metrics without the client key even when ANTHROPIC_API_KEY is set."""
 

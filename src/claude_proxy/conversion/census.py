@@ -28,6 +28,38 @@ class Conversation(list[Any]):
         self.census: frozenset[str] | None = None
 
 
+def checked(messages: list[Any], roles: tuple[str, ...]) -> Conversation | None:
+    """The messages as a `Conversation` with its census taken, if each is an object with
+    one of `roles` and a string or a list of objects as its content; else None.
+
+    Validation asks exactly this of every message, and the census walks the same blocks:
+    one loop does both (at 800 KB, 320 messages, it was 125 µs of validation plus 85 of
+    census). Anything else (a missing field, a block that is not an object) is left to the
+    validator, which names the problem."""
+    found: set[str] = set()
+    add = found.add
+    for message in messages:
+        if type(message) is not dict or message.get("role") not in roles:
+            return None
+        content = message.get("content")
+        if type(content) is str:
+            continue
+        if type(content) is not list:
+            return None
+        for block in content:
+            if type(block) is not dict:
+                return None
+            kind = block.get("type")
+            if type(kind) is str:
+                add(kind)
+            inner = block.get("content")
+            if type(inner) is list:
+                _add_kinds(inner, found)
+    conversation = Conversation(messages)
+    conversation.census = frozenset(found)
+    return conversation
+
+
 def kinds(messages: list[Any]) -> frozenset[str]:
     """The types of the messages' blocks, nested ones included (a tool result's content)."""
     if isinstance(messages, Conversation):

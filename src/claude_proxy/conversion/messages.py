@@ -316,7 +316,7 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
     the reasoning layer to pass back)."""
     if isinstance(content, str):
         return AssistantTurn({"role": "assistant", "content": content})
-    texts: list[Part] = []
+    texts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
     for block in content or []:
@@ -325,20 +325,52 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
         kind = block.get("type")
         if kind == "tool_use":
             tool_calls.append(tool_call(block))
-        elif kind in ("thinking", "redacted_thinking"):
-            thinking.append(block)
-        elif kind == "text" and "cache_control" not in block:  # the common case, directly
+        elif kind == "text" and "cache_control" not in block:
             text = block.get("text")
             if isinstance(text, str) and text:
-                texts.append(_text_part(text))
+                texts.append(text)
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(block)
+        else:  # a marked text, a document, a server tool's block: as parts
+            return _assistant_parts_turn(content, keep_parts)
+    if not texts and not tool_calls:
+        return _thought_only(thinking)
+    said: str | list[Part] | None = None
+    if len(texts) == 1:
+        said = texts[0]
+    elif texts:
+        said = user_content([_text_part(text) for text in texts], keep_parts)
+    message: dict[str, Any] = {"role": "assistant", "content": said}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return AssistantTurn(message, thinking)
+
+
+def _thought_only(thinking: list[dict[str, Any]]) -> AssistantTurn:
+    """A turn that only thought stays a turn (empty text, its reasoning passed back as
+    configured): without it, two user messages would follow each other."""
+    return AssistantTurn({"role": "assistant", "content": ""} if thinking else None, thinking)
+
+
+def _assistant_parts_turn(content: list[Any], keep_parts: bool) -> AssistantTurn:
+    """`convert_assistant_turn` for a turn holding more than plain text, tool calls and
+    thinking: its texts gathered as parts (a marker kept where the upstream takes it)."""
+    texts: list[Part] = []
+    tool_calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "tool_use":
+            tool_calls.append(tool_call(block))
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(block)
         else:
             texts.extend(part for part in _block_parts(block, "assistant")
                          if part["type"] == "text")
     if not texts and not tool_calls:
-        # A turn that only thought stays a turn (empty text, its reasoning passed back as
-        # configured): without it, two user messages would follow each other.
-        return AssistantTurn({"role": "assistant", "content": ""} if thinking else None,
-                             thinking)
+        return _thought_only(thinking)
     message: dict[str, Any] = {"role": "assistant",
                                "content": user_content(texts, keep_parts) if texts else None}
     if tool_calls:

@@ -222,7 +222,8 @@ def dashboard_recorder(app: FastAPI, config: ProxyConfig,
         service: MessagesService | None = getattr(app.state, "service", None)
         return provider_health(service.providers) if service is not None else []
 
-    return Recorder(inspect=config.settings.inspect_requests, secrets=config.secrets(),
+    return Recorder(inspect=config.settings.inspect_requests,
+                    inspect_bytes=config.settings.inspect_bytes, secrets=config.secrets(),
                     health=health, store=store,
                     keys=ledger.panel if ledger is not None else None)
 

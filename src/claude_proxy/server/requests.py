@@ -6,12 +6,21 @@ new ones (`context_management`, `output_config`, anything in CLAUDE_CODE_EXTRA_B
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, InstanceOf, Strict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    Strict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from typing_extensions import TypedDict
 
-from claude_proxy.conversion.census import Conversation
+from claude_proxy.conversion.census import Conversation, checked
 from claude_proxy.errors import ProxyError
 
 StrictInt = Annotated[int, Strict()]
@@ -20,21 +29,39 @@ Blocks = list[InstanceOf[dict]]  # type: ignore[type-arg]
 Claude Code conversation of hundreds of KB copying every block cost more than the check."""
 
 
+Role = Literal["user", "assistant", "system"]
+ROLES: tuple[str, ...] = get_args(Role)
+
+
 class MessageParam(TypedDict):
     """A message: a dict, not a model, for the same reason (320 model objects per request
     late in a session, and the collections they set off)."""
 
     __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
 
-    role: Literal["user", "assistant", "system"]
+    role: Role
     content: str | Blocks
+
+
+def _conversation(messages: Any, handler: ValidatorFunctionWrapHandler) -> Conversation:
+    """The client's messages as a `Conversation` (census taken), checked by the census's
+    own walk; the validator runs only when that walk finds something off, to name it."""
+    if isinstance(messages, list) and messages:
+        conversation = checked(messages, ROLES)
+        if conversation is not None:
+            return conversation
+    handler(messages)
+    return Conversation(messages)
+
+
+Messages = Annotated[list[MessageParam], Field(min_length=1), WrapValidator(_conversation)]
 
 
 class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
-    messages: Annotated[list[MessageParam], Field(min_length=1)]
+    messages: Messages
     system: str | Blocks | None = None
     tools: Blocks | None = None
     tool_choice: dict[str, Any] | None = None
@@ -51,16 +78,16 @@ class MessagesRequest(CountTokensRequest):
     metadata: dict[str, Any] | None = None
 
 
-def validate_request(model: type[BaseModel], payload: Any) -> dict[str, Any]:
+def validate_request(model: type[CountTokensRequest], payload: Any) -> dict[str, Any]:
     """The payload itself once it fits `model` (its messages a `Conversation`, which keeps
     its census of block types); otherwise a 400 naming the first problem."""
     if not isinstance(payload, dict):
         raise ProxyError(400, "request body must be a JSON object")
     try:
-        model.model_validate(payload)
+        validated = model.model_validate(payload)
     except ValidationError as exc:
         raise ProxyError(400, describe_validation_error(exc)) from None
-    payload["messages"] = Conversation(payload["messages"])
+    payload["messages"] = validated.messages
     return payload
 
 

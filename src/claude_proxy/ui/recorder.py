@@ -5,7 +5,8 @@ the record is the one the access line is written from, so nothing is measured tw
 request ends the recorder keeps
 - a summary row, in a ring of the last `rows` requests,
 - the whole record (bodies and streamed events, by reference) for the last
-  INSPECT_REQUESTS requests, for the inspector,
+  INSPECT_REQUESTS requests, for the inspector, as long as their bodies take no more than
+  INSPECT_BYTES together (the oldest go first),
 - its numbers in the per-minute buckets of the last hour (charts, provider success rates).
 Nothing grows with traffic. No per-chunk work happens here: what a request in flight is
 streaming is read from its record only when an open dashboard asks (once a second).
@@ -198,10 +199,14 @@ class Recorder:
 
     def __init__(self, *, inspect: int, secrets: list[str], health: HealthSource,
                  rows: int = 1000, minutes: int = 60, store: StateStore | None = None,
-                 keys: KeysSource | None = None) -> None:
+                 keys: KeysSource | None = None, inspect_bytes: int = 16 * 1024 * 1024) -> None:
         self.inspect_limit = inspect
+        self.inspect_bytes = inspect_bytes
+        self.kept_bytes = 0
         self.rows: deque[dict[str, Any]] = deque(maxlen=rows)
         self.kept: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.kept_sizes: dict[str, int] = {}
+        """Each kept record's `kept_size`, taken once."""
         self.in_flight: dict[str, Flight] = {}
         self.series = MinuteSeries(minutes)
         self.health = health
@@ -227,13 +232,23 @@ class Recorder:
         self.rows.append(row)
         self.series.add(row, now)
         if self.inspect_limit:
-            self.kept[record.request_id] = record.for_keeping()
-            if len(self.kept) > self.inspect_limit:
-                self.kept.popitem(last=False)
+            self._keep(record.for_keeping())
         if self.fleet is not None:
             self.fleet.add(row, now, self._stored_view(record) if self.inspect_limit else None)
         for subscription in self.subscriptions:
             subscription.push("request", row)
+
+    def _keep(self, record: RequestRecord) -> None:
+        """Into the inspector's ring; the oldest out while there are more than
+        INSPECT_REQUESTS, or their bodies take more than INSPECT_BYTES (the newest stays)."""
+        size = record.kept_size()
+        self.kept[record.request_id] = record
+        self.kept_sizes[record.request_id] = size
+        self.kept_bytes += size
+        while len(self.kept) > self.inspect_limit or (
+                self.kept_bytes > self.inspect_bytes and len(self.kept) > 1):
+            oldest, _ = self.kept.popitem(last=False)
+            self.kept_bytes -= self.kept_sizes.pop(oldest)
 
     # ------------------------------------------------------------ read by the dashboard
 
@@ -249,7 +264,7 @@ class Recorder:
 
     def sizes(self) -> dict[str, int]:
         """How much is held (for tests: these never exceed their limits)."""
-        return {"rows": len(self.rows), "kept": len(self.kept),
+        return {"rows": len(self.rows), "kept": len(self.kept), "kept_bytes": self.kept_bytes,
                 "in_flight": len(self.in_flight), "minutes": len(self.series.buckets)}
 
     def now(self) -> list[dict[str, Any]]:
@@ -307,7 +322,8 @@ class Recorder:
         if row is None and record is None:
             return None
         view: dict[str, Any] = {"row": row, "kept": record is not None,
-                                "inspect_requests": self.inspect_limit}
+                                "inspect_requests": self.inspect_limit,
+                                "inspect_bytes": self.inspect_bytes}
         if record is not None:
             view.update(inspector_view(record))
         return view

@@ -479,7 +479,7 @@ function renderInspector(id, view) {
   if (view.error) parts.push(section("Error", el("pre", { class: "error", text: `${view.error.type}: ${view.error.message}` })));
   if (!view.kept) {
     parts.push(el("p", { class: "note", text: view.inspect_requests
-      ? `Bodies are kept for the last ${view.inspect_requests} requests only; this one's are gone.`
+      ? `Bodies are kept for the last ${view.inspect_requests} requests only${view.inspect_bytes ? `, within ${Math.round(view.inspect_bytes / 1048576)} MiB together` : ""}; this one's are gone.`
       : "INSPECT_REQUESTS=0: only metadata is kept." }));
   } else {
     const answer = view.answer;
