@@ -143,9 +143,10 @@ def breakpoint_holders(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield tool
     for message in body.get("messages") or []:
         content = message.get("content")
-        for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and isinstance(part.get("cache_control"), dict):
-                yield part
+        if isinstance(content, list):  # most converted turns are a string: nothing to look at
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("cache_control"), dict):
+                    yield part
 
 
 def has_cache_control(body: dict[str, Any]) -> bool:

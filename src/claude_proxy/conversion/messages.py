@@ -258,10 +258,12 @@ def convert_user_turn(content: Any, keep_parts: bool = False) -> list[dict[str, 
         if block.get("type") == "tool_result":
             message, images = tool_result_message(block, keep_parts)
             tool_messages.append(message)
-            tool_images.extend(images)
+            if images:
+                tool_images.extend(images)
         else:
             parts.extend(_block_parts(block, "user"))
-    parts = tool_images + parts
+    if tool_images:
+        parts = tool_images + parts
     if parts:
         return [*tool_messages, {"role": "user", "content": user_content(parts, keep_parts)}]
     if not tool_messages:
@@ -303,7 +305,7 @@ def tool_result_message(block: dict[str, Any],
     return {"role": "tool", "tool_call_id": call_id, "content": text}, images
 
 
-@dataclass
+@dataclass(slots=True)
 class AssistantTurn:
     """An assistant turn in OpenAI form, with the thinking blocks it carried."""
 
