@@ -322,6 +322,7 @@ class MessagesService:
         fits: dict[Candidate, preflight.Fit] = {}
         # Only a session is calibrated: no digest of the system prompt without one.
         conversation = calibration.thread(body) if session else ""
+        current_record().thread = conversation  # remember_session's too (same system prompt)
 
         def counted(candidate: Candidate, window: int | None) -> int:
             family = encoding_name(candidate.model)
@@ -567,7 +568,13 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate,
-                             calibration.thread(record.client_body) if session else "")
+                             _thread(record) if session else "")
+
+
+def _thread(record: RequestRecord) -> str:
+    """The request's `calibration.thread`, as `measure` digested it (a system prompt of
+    tens of KB, digested once a request rather than twice)."""
+    return record.thread if record.thread is not None else calibration.thread(record.client_body)
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
