@@ -242,6 +242,7 @@ class Recorder:
         """Into the inspector's ring; the oldest out while there are more than
         INSPECT_REQUESTS, or their bodies take more than INSPECT_BYTES (the newest stays)."""
         size = record.kept_size()
+        self.kept_bytes -= self.kept_sizes.pop(record.request_id, 0)  # the same id again
         self.kept[record.request_id] = record
         self.kept_sizes[record.request_id] = size
         self.kept_bytes += size
