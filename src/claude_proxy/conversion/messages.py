@@ -335,23 +335,26 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
             thinking.append(block)
         else:  # a marked text, a document, a server tool's block: as parts
             return _assistant_parts_turn(content, keep_parts)
-    if not texts and not tool_calls:
-        return _thought_only(thinking)
     said: str | list[Part] | None = None
     if len(texts) == 1:
         said = texts[0]
     elif texts:
         said = user_content([_text_part(text) for text in texts], keep_parts)
+    return _assistant_turn(said, tool_calls, thinking)
+
+
+def _assistant_turn(said: str | list[Part] | None, tool_calls: list[dict[str, Any]],
+                    thinking: list[dict[str, Any]]) -> AssistantTurn:
+    """The turn's message out of its text (None: none), tool calls and thinking. A turn that
+    only thought stays a turn (empty text, its reasoning passed back as configured): without
+    it, two user messages would follow each other."""
+    if said is None and not tool_calls:
+        return AssistantTurn({"role": "assistant", "content": ""} if thinking else None,
+                             thinking)
     message: dict[str, Any] = {"role": "assistant", "content": said}
     if tool_calls:
         message["tool_calls"] = tool_calls
     return AssistantTurn(message, thinking)
-
-
-def _thought_only(thinking: list[dict[str, Any]]) -> AssistantTurn:
-    """A turn that only thought stays a turn (empty text, its reasoning passed back as
-    configured): without it, two user messages would follow each other."""
-    return AssistantTurn({"role": "assistant", "content": ""} if thinking else None, thinking)
 
 
 def _assistant_parts_turn(content: list[Any], keep_parts: bool) -> AssistantTurn:
@@ -371,13 +374,8 @@ def _assistant_parts_turn(content: list[Any], keep_parts: bool) -> AssistantTurn
         else:
             texts.extend(part for part in _block_parts(block, "assistant")
                          if part["type"] == "text")
-    if not texts and not tool_calls:
-        return _thought_only(thinking)
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": user_content(texts, keep_parts) if texts else None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return AssistantTurn(message, thinking)
+    return _assistant_turn(user_content(texts, keep_parts) if texts else None, tool_calls,
+                           thinking)
 
 
 def tool_call(block: dict[str, Any]) -> dict[str, Any]:
