@@ -224,6 +224,36 @@ def test_tool_results_come_first_then_user_text() -> None:
     assert len(messages) == 5
 
 
+def test_string_tool_results_and_assistant_texts_on_their_quick_paths() -> None:
+    """The shapes a long conversation is made of take quick paths; each gives what the
+    general path gives: an error's text prefixed, several texts joined, an empty text
+    skipped."""
+    body = convert(request(messages=[
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": ""},
+            {"type": "text", "text": "First."},
+            {"type": "text", "text": "Second."},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "x"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "Bash", "input": {"command": "y"}},
+        ]},
+        user_turn(
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": "boom"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True, "content": ""},
+        ),
+        {"role": "assistant", "content": [{"type": "text", "text": ""},
+                                          {"type": "text", "text": "Only."}]},
+    ]), settings())
+    messages = body["messages"]
+    assert messages[1]["content"] == "First.\n\nSecond."
+    assert [call["id"] for call in messages[1]["tool_calls"]] == ["toolu_1", "toolu_2"]
+    assert messages[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: boom"}
+    assert messages[3] == {"role": "tool", "tool_call_id": "toolu_2", "content": "Error"}
+    assert messages[4] == {"role": "assistant", "content": "Only."}
+    assert len(messages) == 5
+
+
 def test_tool_result_images_follow_the_tool_message() -> None:
     body = convert(request(messages=[user_turn({
         "type": "tool_result", "tool_use_id": "toolu_9", "content": [

@@ -256,6 +256,16 @@ def convert_user_turn(content: Any, keep_parts: bool = False) -> list[dict[str, 
         if not isinstance(block, dict):
             continue
         if block.get("type") == "tool_result":
+            output = block.get("content")
+            if type(output) is str and "cache_control" not in block \
+                    and not block.get("is_error"):
+                # Most blocks of a long conversation: a tool's text output, unmarked, as
+                # `tool_result_message` would give it (converted again on every request,
+                # so built here without building parts).
+                tool_messages.append({"role": "tool", "tool_call_id":
+                                      to_upstream_id(str(block.get("tool_use_id", ""))),
+                                      "content": output})
+                continue
             message, images = tool_result_message(block, keep_parts)
             tool_messages.append(message)
             if images:
@@ -281,15 +291,7 @@ def tool_result_message(block: dict[str, Any],
     part carrying the breakpoint: the same text as the string form of later turns.
     """
     call_id = to_upstream_id(str(block.get("tool_use_id", "")))
-    content = block.get("content")
-    if isinstance(content, str) and "cache_control" not in block:
-        # The common case (a tool's text output, unmarked), without building parts: a long
-        # conversation is mostly these, converted again on every request.
-        text = content
-        if block.get("is_error"):
-            text = f"Error: {text}" if text else "Error"
-        return {"role": "tool", "tool_call_id": call_id, "content": text}, []
-    parts = content_parts(content, context="tool_result")
+    parts = content_parts(block.get("content"), context="tool_result")
     texts = [part["text"] for part in parts if part["type"] == "text"]
     media = [part for part in parts if part["type"] != "text"]
     text = "\n".join(texts)
@@ -318,7 +320,7 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
     the reasoning layer to pass back)."""
     if isinstance(content, str):
         return AssistantTurn({"role": "assistant", "content": content})
-    texts: list[str] = []
+    said: str | None = None
     tool_calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
     for block in content or []:
@@ -327,19 +329,14 @@ def convert_assistant_turn(content: Any, keep_parts: bool = False) -> AssistantT
         kind = block.get("type")
         if kind == "tool_use":
             tool_calls.append(tool_call(block))
-        elif kind == "text" and "cache_control" not in block:
+        elif kind == "text" and said is None and "cache_control" not in block:
             text = block.get("text")
             if isinstance(text, str) and text:
-                texts.append(text)
+                said = text
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
-        else:  # a marked text, a document, a server tool's block: as parts
+        else:  # a second text, a marked one, a document, a server tool's block: as parts
             return _assistant_parts_turn(content, keep_parts)
-    said: str | list[Part] | None = None
-    if len(texts) == 1:
-        said = texts[0]
-    elif texts:
-        said = user_content([_text_part(text) for text in texts], keep_parts)
     return _assistant_turn(said, tool_calls, thinking)
 
 
