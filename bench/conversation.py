@@ -3,7 +3,8 @@
 Claude Code sends the whole conversation on every turn: 50 KB at the first and hundreds of KB
 later. `grown` takes the recorded tool-loop request (Claude Code 2.1.332) and adds file-read
 turns until the body reaches a size: each an assistant `Read` tool call and the user's
-~4 KB tool result (numbered source lines, as Claude Code's Read returns them), with the
+~4 KB tool result (source lines, each after its number and a tab, as Claude Code 2.1.332
+sends a Read's result: tests/test_claude_code.py checks both), with the
 `cache_control` marker moved to the last block as Claude Code moves it. The last message
 carries the benchmark upstream's spec (`BENCH n=… iv=…`) as a text block after the result,
 so that the fast upstream knows what to answer. Deterministic: the same size gives the same
@@ -33,7 +34,7 @@ def file_text(turn: int, size: int = RESULT_BYTES) -> str:
     """What a Read returns: numbered lines of a source file (different for each turn)."""
     lines, total, number = [], 0, 1
     while total < size:
-        line = (f"{number:6d}\u2192    value_{turn}_{number} = compute(items[{number}], "
+        line = (f"{number}\t    value_{turn}_{number} = compute(items[{number}], "
                 f"scale={turn * 7 + number % 13}, name=\"row-{turn}-{number}\")")
         lines.append(line)
         total += len(line) + 1

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.conversation import file_text
 
 from claude_proxy.conversion.signatures import ThinkingSigner
 from tests.claude_code_pin import default_claude_bin, environment
@@ -147,6 +149,40 @@ def test_bash_tool_loop(tmp_path: Path, proxy: ProxyServer,
     assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "Bash"
     assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"
     assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2
+
+
+SOURCE = "def f():\n    return 1  # café\n\nprint(f())\n"
+NUMBERED = re.compile(r"(\d+)\t(.*)")
+
+
+def test_read_tool_loop_sends_numbered_lines_as_the_bench_grows_them(
+        tmp_path: Path, proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """A Read call's result as Claude Code sends it upstream: each line of the file after
+    its number and a tab (no padding, no arrow). bench/conversation.py grows its long
+    conversations out of results in this shape, so that it costs what a real one costs."""
+    target = tmp_path / "work" / "sample.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(SOURCE)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["role"] != "tool":
+            arguments = json.dumps({"file_path": str(target)})
+            return Reply(events=[chunk({"tool_calls": [{
+                "index": 0, "id": "call_read_1", "type": "function",
+                "function": {"name": "Read", "arguments": arguments}}]}),
+                chunk({}, "tool_calls")])
+        return text_stream(["Read it."])
+
+    upstream.responder = respond
+    lines = run_claude(tmp_path, proxy, "read sample.py", "--allowedTools", "Read")
+    sent = upstream.requests[1]["messages"][-1]
+    assert sent["role"] == "tool" and sent["tool_call_id"] == "call_read_1"
+    assert sent["content"].startswith(
+        "1\tdef f():\n2\t    return 1  # café\n3\t\n4\tprint(f())\n")
+    assert lines[-1]["result"] == "Read it."
+    grown_lines = file_text(7).splitlines()
+    assert all(NUMBERED.fullmatch(line) for line in grown_lines)
+    assert [NUMBERED.fullmatch(line)[1] for line in grown_lines[:3]] == ["1", "2", "3"]
 
 
 def test_reasoning_shows_as_thinking_and_tool_loop_passes_it_back(
