@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from claude_proxy.conversion.census import holds
@@ -155,10 +155,9 @@ def convert_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def convert_tools(tools: list[dict[str, Any]] | None,
-                  loaded: Collection[str] = ()) -> list[dict[str, Any]]:
-    """The OpenAI `tools` list: custom tools, minus server tools and deferred ones that no
-    `tool_reference` (named in `loaded`) has loaded."""
+def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The OpenAI `tools` list: custom tools, minus server tools and deferred ones (those a
+    `tool_reference` loads have lost `defer_loading` in `expand_tool_references`)."""
     converted: list[dict[str, Any]] = []
     for tool in tools or []:
         name = tool.get("name")
@@ -168,7 +167,7 @@ def convert_tools(tools: list[dict[str, Any]] | None,
         if not isinstance(name, str) or not name:
             logger.debug("dropping tool without a name")
             continue
-        if tool.get("defer_loading") and name not in loaded:
+        if tool.get("defer_loading"):
             logger.debug("leaving out deferred tool %s until a tool_reference loads it", name)
             continue
         converted.append(convert_tool(tool))
