@@ -15,18 +15,20 @@ import json
 import ssl
 import subprocess
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 import pytest
 
 from claude_proxy.config.settings import Settings
 from claude_proxy.errors import ProxyError
 from claude_proxy.server.app import create_app
-from claude_proxy.upstream.client import OpenAIClient
+from claude_proxy.upstream.client import EXACT_BELOW, OpenAIClient, encoded
 from claude_proxy.upstream.transport import (
     AiohttpTransport,
     OneShotBody,
@@ -340,6 +342,23 @@ def test_the_request_body_is_not_kept_while_the_answer_is_open(
         f"host: 127.0.0.1:{raw.port}", "accept-encoding: gzip, deflate", "connection: keep-alive",
         f"user-agent: python-httpx/{httpx.__version__}", "content-type: application/json",
         "authorization: Bearer k", "accept: application/json", f"content-length: {length}"]
+
+
+@pytest.mark.parametrize("length", [100, 3_000, 20_000, EXACT_BELOW - 100])
+def test_a_short_request_body_holds_no_more_memory_than_its_length(length: int) -> None:
+    """The record keeps the body for the inspector while a stream is open and in its ring
+    after; orjson 3.12 and later hand back their working buffer (4 KiB for 100 bytes, 256
+    KiB for 20 KB), so a short body is copied to its own size, its JSON unchanged."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * length}]}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = encoded(body)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept == orjson.dumps(body) and type(kept) is bytes
+    assert held <= len(kept) + 64  # the bytes object's header and its allocator's rounding
 
 
 def test_an_injected_transport_is_used_as_given() -> None:

@@ -61,6 +61,23 @@ LOGGED_MESSAGE_CHARS = 300
 """How much of an upstream's error message a log line carries."""
 
 
+EXACT_BELOW = 64 * 1024
+"""Request bodies shorter than this are copied into bytes of their own size (`encoded`)."""
+
+
+def encoded(body: dict[str, Any]) -> bytes:
+    """The request body as JSON, as bytes that hold no more memory than their length when
+    they are short. orjson 3.12 and later return their working buffer, which they never
+    shrink: 4 KiB at least, 32 KiB for 3 KB of JSON, 256 KiB for 20 KB. The request's
+    record keeps the body for the inspector while the answer is open and in its ring after,
+    so a stream's few hundred bytes held 4 KiB each. Copying a short body costs 0.2 µs at
+    100 bytes and 1.4 µs at 60 KB (in a loop); a long one is kept as orjson made it (at 800
+    KB, 30 % more than its length), where the copy would cost 18 µs in a loop and more in
+    the server."""
+    content = orjson.dumps(body)
+    return bytes(memoryview(content)) if len(content) < EXACT_BELOW else content
+
+
 class UpstreamStream:
     """An open upstream response yielding batches of parsed chunks, one batch per network
     read (so the events made from one read go to the client in one write), its first chunk
@@ -347,7 +364,7 @@ class OpenAIClient:
         endpoint's headers in place of the client's (its API's auth), `extra`: this
         request's."""
         target, headers_for, transport = self._endpoint(url, params)
-        content = current_record().upstream_json = orjson.dumps(body)  # for the inspector
+        content = current_record().upstream_json = encoded(body)  # for the inspector
         # A copy shares the prepared headers' tuples (made anew, each request's copy of them
         # was kept for as long as its answer is open).
         headers = self._prepared_headers(target, headers_for, accept,
