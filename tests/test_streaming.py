@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -284,3 +286,56 @@ def test_only_the_upstream_key_and_no_client_headers_go_upstream(
     assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     for name in ("x-api-key", "anthropic-beta", "anthropic-version", "x-claude-code-session-id"):
         assert name not in headers
+
+
+def test_an_open_stream_holds_its_conversation_as_bytes_only(
+        proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """A stream stays open for seconds to minutes, and a Claude Code conversation parsed and
+    converted is about 1.5 times its JSON. Once the answer has begun, the request keeps the
+    conversation only as the bytes it came in and went out as (the inspector's), and what
+    reads it after the stream (the inspector, the calibration) still finds it."""
+    marker = f"conversation-{uuid.uuid4().hex}"
+    upstream.queue(Reply(events=[chunk({"role": "assistant", "content": "first"}),
+                                 chunk({"content": " words"}, "stop")], stall_at=1))
+    content = json.dumps(ask(stream=True, messages=[
+        {"role": "user", "content": [{"type": "text", "text": marker}]}])).encode()
+    with httpx.stream("POST", f"{proxy.url}/v1/messages", content=content,
+                      headers={"content-type": "application/json"}, timeout=30) as response:
+        chunks = response.iter_raw()  # kept: a dropped iterator closes the response
+        assert b'"text":"first"' in next(chunks)
+        (flight,) = proxy.app.state.recorder.in_flight.values()
+        record = flight.record
+        assert (record.client_body, record.upstream_body) == (None, None)
+        assert marker.encode() in record.client_json and marker.encode() in record.upstream_json
+        assert record.client_request()["messages"][0]["content"][0]["text"] == marker
+        assert held_by_the_proxy(marker, upstream) == []
+
+
+def held_by_the_proxy(text: str, upstream: ScriptedUpstream) -> list[dict[str, Any]]:
+    """Every live dict holding `text` as a value, but the scripted upstream's copies of the
+    requests it received (it runs in this process too). A dict of strings only is not
+    tracked by the collector: it is found through the tracked list or dict holding it."""
+    gc.collect()
+    theirs = set()
+    pending: list[Any] = list(upstream.requests)
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            theirs.add(id(item))
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    found: dict[int, dict[str, Any]] = {}
+    for container in gc.get_objects():
+        if isinstance(container, dict):
+            candidates = [container, *container.values()]
+        elif isinstance(container, list):
+            candidates = list(container)
+        else:
+            continue
+        for candidate in candidates:
+            if (type(candidate) is dict and id(candidate) not in theirs
+                    and any(type(value) is str and value == text
+                            for value in list(candidate.values()))):
+                found[id(candidate)] = candidate
+    return list(found.values())

@@ -574,7 +574,8 @@ class MessagesService:
 def _thread(record: RequestRecord) -> str:
     """The request's `calibration.thread`, as `measure` digested it (a system prompt of
     tens of KB, digested once a request rather than twice)."""
-    return record.thread if record.thread is not None else calibration.thread(record.client_body)
+    return (record.thread if record.thread is not None
+            else calibration.thread(record.client_request()))
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

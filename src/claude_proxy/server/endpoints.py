@@ -155,6 +155,7 @@ async def messages(request: Request) -> Response:
     if body.get("stream"):
         converter, stream = await before_first_byte(
             request, service.open_stream(body, session, raw), deadline)
+        record.release_parsed()
 
         async def finish() -> None:
             await stream.aclose()

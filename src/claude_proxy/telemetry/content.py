@@ -18,7 +18,7 @@ def conversation(record: RequestRecord, answer: dict[str, Any],
                  secrets: list[str]) -> dict[str, AttributeValue]:
     """The conversation as the GenAI conventions' JSON attributes, secrets redacted as the
     dashboard redacts its bodies (logs.redact)."""
-    body = record.client_body or {}
+    body = record.client_request() or {}
     found: dict[str, AttributeValue] = {}
     system = body.get("system")
     if system:
