@@ -30,7 +30,7 @@ import orjson
 from claude_proxy.config.settings import Settings
 from claude_proxy.record import RequestRecord, bind, current_record, mark
 from claude_proxy.server.app import create_app
-from claude_proxy.service import MessagesService, _Walk
+from claude_proxy.service import CandidateWalk, MessagesService
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ def at_once(coroutine: Coroutine[Any, Any, T]) -> T:
 def routing(service: MessagesService) -> Callable[[], object]:
     def run() -> object:
         record = current_record()
-        walk = _Walk(service.router.candidates(BODY, 10, service.sessions.previous(None)),
+        walk = CandidateWalk(service.router.candidates(BODY, 10, service.sessions.previous(None)),
                      service.providers)
         candidate = at_once(walk.next())
         assert candidate is not None

@@ -33,7 +33,7 @@ from claude_proxy.upstream.transport import (
     AiohttpTransport,
     OneShotBody,
     UpstreamHttpClient,
-    _mapped,
+    httpx_error_for,
 )
 from tests.scripted_upstream import bind_loopback
 
@@ -221,7 +221,7 @@ def test_httpx_timeouts_become_aiohttps(raw: RawServer) -> None:
     (aiohttp.ClientOSError(104, "reset"), httpx.ReadError),
 ])
 def test_aiohttp_failures_are_httpcores(failure: Exception, expected: type[Exception]) -> None:
-    assert type(_mapped(failure)) is expected
+    assert type(httpx_error_for(failure)) is expected
 
 
 def test_read_timeout_ends_a_silent_upstream(no_proxy_env: pytest.MonkeyPatch) -> None:

@@ -98,7 +98,7 @@ def classify(error: ProxyError) -> Failure:
     return "final"
 
 
-class _Walk:
+class CandidateWalk:
     """The candidates still to try: cooling providers are skipped, unless every candidate is
     cooling, when the one that reopens soonest is tried anyway."""
 
@@ -287,7 +287,7 @@ class MessagesService:
             request_class=record.request_class))
         fits = preflight.plan(candidates, self.permitted(self.router.route("long_context"),
                                                          strict=False), measure)
-        walk = _Walk([fit.candidate for fit in fits], self.providers)
+        walk = CandidateWalk([fit.candidate for fit in fits], self.providers)
         cache_key = session_cache_key(session, body)
         while (candidate := await walk.next()) is not None:
             provider = self.providers[candidate.provider]
@@ -378,7 +378,7 @@ class MessagesService:
                         provider.name, error.status, error.error_type)
             return None
 
-    async def _after_failure(self, walk: _Walk, provider: Provider, candidate: Candidate,
+    async def _after_failure(self, walk: CandidateWalk, provider: Provider, candidate: Candidate,
                              error: ProxyError, fit: preflight.Fit) -> None:
         """Record the failure and decide: go on to the next candidate, or raise now."""
         kind = classify(error)
@@ -415,7 +415,7 @@ class MessagesService:
                            error.status, error.error_type, walk.queue[0].provider)
             mark("failover", f"{provider.name} -> {walk.queue[0].provider}")
 
-    def _all_failed(self, walk: _Walk, estimate: int) -> ProxyError:
+    def _all_failed(self, walk: CandidateWalk, estimate: int) -> ProxyError:
         """The client's error once every candidate failed: a lone candidate's own error (as
         with one provider), else the overflow in Claude Code's words, else 429 until the
         soonest cooldown ends, else 529 (which lets Claude Code's fallback model act)."""
@@ -459,7 +459,7 @@ class MessagesService:
                              error_type="permission_error")
         return allowed
 
-    def _note_route(self, record: RequestRecord, candidate: Candidate, walk: _Walk) -> None:
+    def _note_route(self, record: RequestRecord, candidate: Candidate, walk: CandidateWalk) -> None:
         """The candidate being tried, and the providers that failed before it."""
         record.provider, record.route = candidate.provider, candidate.route
         record.upstream_model = candidate.model

@@ -56,7 +56,7 @@ class _Connector(aiohttp.TCPConnector):
         return connection
 
 
-def _mapped(exc: BaseException) -> httpx.TransportError | None:
+def httpx_error_for(exc: BaseException) -> httpx.TransportError | None:
     """An aiohttp failure as the httpx exception httpcore raises for the same event."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return httpx.ConnectTimeout(str(exc) or "connect timed out")
@@ -84,7 +84,7 @@ def _httpx_errors() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        mapped = _mapped(exc)
+        mapped = httpx_error_for(exc)
         if mapped is None:
             raise
         raise mapped from exc
