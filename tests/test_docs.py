@@ -3,6 +3,7 @@ variable they name exists, and docs/configuration.md documents every setting."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import os
@@ -215,6 +216,38 @@ def test_the_layout_lists_every_package_in_the_order_of_the_layers() -> None:
     listed = [name.removesuffix(".py") for name in layout_entries()]
     assert sorted(listed) == sorted(present)
     assert listed == layer_order()
+
+
+FIRST_PARTY = ("claude_proxy", "tests", "bench")
+
+
+def private_imports(path: Path) -> list[str]:
+    """`module name` for each private name (or private module) of the project that `path`
+    imports from another module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module.split(".")[0] in FIRST_PARTY):
+            parts = node.module.split(".")
+            names = [alias.name for alias in node.names]
+            found += [f"{node.module} {name}" for name in [*parts, *names]
+                      if name.startswith("_") and not name.startswith("__")]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names
+                      if alias.name.split(".")[0] in FIRST_PARTY and any(
+                          part.startswith("_") and not part.startswith("__")
+                          for part in alias.name.split("."))]
+    return found
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """The house rule of docs/development.md, over the source, the tests and the bench."""
+    files = [path for folder in ("src", "tests", "bench")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             if "node_modules" not in path.parts]
+    assert len(files) > 100
+    found = {str(path.relative_to(ROOT)): private_imports(path) for path in files}
+    assert {path: names for path, names in found.items() if names} == {}
 
 
 # ---------------------------------------------------------------- the README's snippets, run
