@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import UPSTREAM_KEY, ProxyServer
+from tests.conftest import UPSTREAM_KEY, ProxyServer, eventually
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -305,7 +305,7 @@ def test_an_open_stream_holds_its_conversation_as_bytes_only(
         assert b'"text":"first"' in next(chunks)
         (flight,) = proxy.app.state.recorder.in_flight.values()
         record = flight.record
-        assert (record.client_body, record.upstream_body) == (None, None)
+        assert eventually(lambda: (record.client_body, record.upstream_body) == (None, None))
         assert marker.encode() in record.client_json and marker.encode() in record.upstream_json
         assert record.client_request()["messages"][0]["content"][0]["text"] == marker
         assert held_by_the_proxy(marker, upstream) == []
