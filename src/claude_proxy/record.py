@@ -104,9 +104,10 @@ class RequestRecord:
     timeline: list[tuple[float, str, str]] = field(default_factory=list)
     """(perf_counter, event, detail): upstream sent, retry, failover, first upstream byte."""
     client_body: dict[str, Any] | None = None
-    """The validated client request, until it has been sent (`release_parsed`)."""
+    """The validated client request, to the request's end, or until a stream of its answer
+    has begun (`release_parsed`)."""
     upstream_body: dict[str, Any] | None = None
-    """The request as last sent upstream, until a stream of its answer is open."""
+    """The request as last sent upstream, for as long as `client_body`."""
     client_json: bytes | None = None
     """The client's request as it was received: what the inspector keeps (`for_keeping`)."""
     upstream_json: bytes | None = None
@@ -139,7 +140,10 @@ class RequestRecord:
         content capture at the end of a stream pays that, when it is on)."""
         if self.client_body is not None or self.client_json is None:
             return self.client_body
-        body = orjson.loads(self.client_json)
+        try:
+            body = orjson.loads(self.client_json)
+        except orjson.JSONDecodeError:  # a request refused for its JSON
+            return None
         return body if isinstance(body, dict) else None
 
     def for_keeping(self) -> RequestRecord:
