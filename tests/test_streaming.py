@@ -292,8 +292,8 @@ def test_an_open_stream_holds_its_conversation_as_bytes_only(
         proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
     """A stream stays open for seconds to minutes, and a Claude Code conversation parsed and
     converted is about 1.5 times its JSON. Once the answer has begun, the request keeps the
-    conversation only as the bytes it came in and went out as (the inspector's), and what
-    reads it after the stream (the inspector, the calibration) still finds it."""
+    conversation only as the bytes it came in and went out as (the inspector's), which the
+    inspector shows once the request is over."""
     marker = f"conversation-{uuid.uuid4().hex}"
     upstream.queue(Reply(events=[chunk({"role": "assistant", "content": "first"}),
                                  chunk({"content": " words"}, "stop")], stall_at=1))
@@ -303,12 +303,20 @@ def test_an_open_stream_holds_its_conversation_as_bytes_only(
                       headers={"content-type": "application/json"}, timeout=30) as response:
         chunks = response.iter_raw()  # kept: a dropped iterator closes the response
         assert b'"text":"first"' in next(chunks)
-        (flight,) = proxy.app.state.recorder.in_flight.values()
-        record = flight.record
+        (record,) = [flight.record for flight in proxy.app.state.recorder.in_flight.values()
+                     if marker.encode() in (flight.record.client_json or b"")]
         assert eventually(lambda: (record.client_body, record.upstream_body) == (None, None))
         assert marker.encode() in record.client_json and marker.encode() in record.upstream_json
         assert record.client_request()["messages"][0]["content"][0]["text"] == marker
         assert held_by_the_proxy(marker, upstream) == []
+
+    def inspected() -> Any:
+        answer = httpx.get(f"{proxy.url}/ui/api/requests/{record.request_id}")
+        return answer.json() if answer.status_code == 200 else None
+
+    assert eventually(lambda: (inspected() or {}).get("kept") is True)
+    view = inspected()
+    assert marker in json.dumps(view["client"]) and marker in json.dumps(view["upstream"])
 
 
 def held_by_the_proxy(text: str, upstream: ScriptedUpstream) -> list[dict[str, Any]]:
