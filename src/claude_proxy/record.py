@@ -95,9 +95,10 @@ class RequestRecord:
     input_estimate: int = 0
     """The proxy's own estimate of the input sent (calibrated against what the upstream
     reports: routing/calibration.py)."""
-    thread: str | None = None
-    """Which conversation of its session the request continues (`calibration.thread`),
-    once the pre-flight has digested it; None before."""
+    thread: str = ""
+    """Which conversation of its session the request continues (`calibration.thread`), as
+    the pre-flight digested it (a system prompt of tens of KB, digested once a request);
+    empty without a session."""
 
     # What the dashboard's inspector shows. Everything is kept by reference, never copied,
     # so recording costs one list append per client write while a response streams.

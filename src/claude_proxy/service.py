@@ -568,14 +568,7 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate,
-                             _thread(record) if session else "")
-
-
-def _thread(record: RequestRecord) -> str:
-    """The request's `calibration.thread`, as `measure` digested it (a system prompt of
-    tens of KB, digested once a request rather than twice)."""
-    return (record.thread if record.thread is not None
-            else calibration.thread(record.client_request()))
+                             record.thread if session else "")
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
