@@ -42,9 +42,11 @@ from claude_proxy.routing.providers import build_providers
 from claude_proxy.server import endpoints
 from claude_proxy.server.access_log import AccessLogMiddleware
 from claude_proxy.server.endpoints import Wiring, error_response, json_response
+from claude_proxy.server.incremental import REMEMBER_FOR
 from claude_proxy.server.relay import ClientDisconnected
 from claude_proxy.service import MessagesService
 from claude_proxy.state import open_store
+from claude_proxy.state.memo import Memo
 from claude_proxy.state.store import StateStore
 from claude_proxy.telemetry import (
     Exporters,
@@ -90,7 +92,9 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
                   docs_url=None, redoc_url=None, openapi_url=None,
                   **telemetry_option(os.environ, own=telemetry is not None))
     gate = Gate(store, clock)
-    app.state.wiring = Wiring(settings, config, metrics, gate, keyring, datetime.now(UTC))
+    bodies = Memo(settings.session_memo_bytes, REMEMBER_FOR)
+    app.state.wiring = Wiring(settings, config, metrics, gate, keyring, datetime.now(UTC),
+                              bodies)
     app.state.store, app.state.ledger, app.state.telemetry = store, ledger, telemetry
     app.state.recorder = dashboard_recorder(app, config, store, ledger)
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=app.state.recorder,

@@ -33,10 +33,12 @@ from claude_proxy.routing.catalog import (
 )
 from claude_proxy.routing.discovery import windows
 from claude_proxy.routing.sessions import SESSION_HEADER
+from claude_proxy.server import incremental
 from claude_proxy.server.event_stream import EventStream
 from claude_proxy.server.relay import before_first_byte, relay_events
 from claude_proxy.server.requests import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
+from claude_proxy.state.memo import Memo
 from claude_proxy.toolsearch.loop import ToolSearchFlow, is_tool_search_request
 from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
@@ -52,6 +54,8 @@ class Wiring:
     keyring: KeyRing | None
     started: datetime
     """When the process started: the `created_at` of the models it lists."""
+    bodies: Memo
+    """Each session's last request body as its next one can reuse it (incremental.py)."""
 
 
 def wiring(request: Request) -> Wiring:
@@ -125,7 +129,28 @@ def parse_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"request body is not valid JSON: {exc.msg}") from None
+        raise _not_json(exc) from None
+
+
+def parse_session_json(raw: bytes, bodies: Memo, identity: Identity,
+                       session: str | None) -> Any:
+    """`parse_json`, reusing what the session's previous body shares with this one (the
+    memo is per caller and session: a session id chosen by one key is not another's)."""
+    if not session:
+        return parse_json(raw)
+    current_record().client_json = raw
+    key = f"{identity.name}\n{session}"
+    try:
+        body, parsed = incremental.parse(raw, bodies.get(key))
+    except orjson.JSONDecodeError as exc:
+        raise _not_json(exc) from None
+    if parsed is not None:
+        bodies.put(key, parsed, parsed.weight)
+    return body
+
+
+def _not_json(exc: orjson.JSONDecodeError) -> ProxyError:
+    return ProxyError(400, f"request body is not valid JSON: {exc.msg}")
 
 
 def _too_large(limit: int) -> ProxyError:
@@ -140,7 +165,9 @@ async def messages(request: Request) -> Response:
     identity = identify(request)
     wired = wiring(request)
     raw = await read_body(request, wired.settings.max_request_bytes)
-    body = validate_request(MessagesRequest, parse_json(raw))
+    session = request.headers.get(SESSION_HEADER)
+    body = validate_request(MessagesRequest, parse_session_json(raw, wired.bodies,
+                                                                identity, session))
     record = current_record()
     record.betas = request.headers.get("anthropic-beta")
     screen_request(body, record.betas)
@@ -151,7 +178,6 @@ async def messages(request: Request) -> Response:
         return await search_response(request, body, deadline)
     if is_tool_search_request(body):
         return await tool_search_response(request, body, deadline)
-    session = request.headers.get(SESSION_HEADER)
     if body.get("stream"):
         converter, stream = await before_first_byte(
             request, service.open_stream(body, session, raw), deadline)
