@@ -3,9 +3,11 @@ client's messages, nested blocks included, and never reused for a list it was no
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from claude_proxy.conversion.census import Conversation, checked, holds, kinds
+from claude_proxy.conversion.census import Conversation, Remembered, checked, holds, kinds
 from claude_proxy.conversion.tools import referenced_tool_names
 from claude_proxy.errors import ProxyError
 from claude_proxy.server.requests import ROLES, MessagesRequest, validate_request
@@ -65,3 +67,33 @@ def test_what_the_walk_does_not_vouch_for_is_left_to_the_validator() -> None:
         validate_request(MessagesRequest, {"model": "m", "max_tokens": 5, "messages": []})
     assert empty.value.message == (
         "messages: List should have at least 1 item after validation, not 0")
+
+
+def _running(messages: list[Any]) -> list[frozenset[str]]:
+    """Each beginning's census, taken from scratch."""
+    return [kinds(list(messages[:count])) for count in range(1, len(messages) + 1)]
+
+
+def test_a_sessions_remembered_messages_are_walked_from_the_first_not_known() -> None:
+    """The messages an earlier request checked (the same objects) are not walked again:
+    their running census is taken as known, and the walk goes on from there."""
+    messages = [{"role": "user", "content": "plain"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1"}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [REFERENCE]}]},
+                {"role": "user", "content": [{"type": "image", "source": {}}]}]
+    first = checked(Remembered(messages[:3], []), ROLES)
+    assert first is not None and first.running == _running(messages[:3])
+    assert first.census == {"tool_use", "tool_result", "tool_reference"}
+    again = checked(Remembered(messages, first.running[:3]), ROLES)
+    assert again is not None and again == messages and again.running == _running(messages)
+    assert again.census == {"tool_use", "tool_result", "tool_reference", "image"}
+    # A known beginning is taken as it is said to be: a census that shrinks with it.
+    shorter = checked(Remembered(messages[:2] + messages[3:], first.running[:2]), ROLES)
+    assert shorter is not None and shorter.census == {"tool_use", "image"}
+    odd = [{"role": "tool", "content": "x"}, *messages[1:]]
+    assert checked(Remembered(odd, first.running[:1]), ROLES) is not None  # not walked again
+    assert checked(Remembered(odd, []), ROLES) is None
+    assert checked(Remembered([*messages, {"role": "user"}], first.running), ROLES) is None
+    plain = checked(messages, ROLES)
+    assert plain is not None and plain.running is None and plain.census == again.census

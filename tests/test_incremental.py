@@ -20,6 +20,7 @@ from bench.conversation import grown, read_turn, session_turns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from claude_proxy.conversion.census import kinds
 from claude_proxy.server import incremental
 from claude_proxy.server.incremental import REUSE_FROM, ParsedBody
 from claude_proxy.state.memo import Memo
@@ -217,7 +218,10 @@ def _turn(proxy: ProxyServer, raw: bytes, session: str) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     remembered = proxy.app.state.wiring.bodies.get(f"-\n{session}")
     assert remembered is not None and remembered.raw == raw
-    assert orjson.dumps(remembered.messages) == orjson.dumps(orjson.loads(raw)["messages"])
+    messages = orjson.loads(raw)["messages"]
+    assert orjson.dumps(remembered.messages) == orjson.dumps(messages)
+    assert remembered.running == [kinds(messages[:count])
+                                  for count in range(1, len(messages) + 1)]
     return {"answer": answer.json(), "first": remembered.messages[0]}
 
 

@@ -17,6 +17,7 @@ from sse_starlette import EventSourceResponse
 
 from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import Settings
+from claude_proxy.conversion.census import Remembered
 from claude_proxy.conversion.fields import screen_request
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.auth import key_matches, presented_keys
@@ -132,21 +133,29 @@ def parse_json(raw: bytes) -> Any:
         raise _not_json(exc) from None
 
 
-def parse_session_json(raw: bytes, bodies: Memo, identity: Identity,
-                       session: str | None) -> Any:
-    """`parse_json`, reusing what the session's previous body shares with this one (the
-    memo is per caller and session: a session id chosen by one key is not another's)."""
+def validated_body(raw: bytes, bodies: Memo, identity: Identity,
+                   session: str | None) -> dict[str, Any]:
+    """The request parsed and validated. In a session, what its previous body shares with
+    this one is neither parsed nor checked again (incremental.py), and this body is
+    remembered for the next (the memo is per caller and session: a session id chosen by
+    one key is not another's)."""
     if not session:
-        return parse_json(raw)
+        return validate_request(MessagesRequest, parse_json(raw))
     current_record().client_json = raw
     key = f"{identity.name}\n{session}"
+    previous: incremental.ParsedBody | None = bodies.get(key)
     try:
-        body, parsed = incremental.parse(raw, bodies.get(key))
+        body, parsed = incremental.parse(raw, previous)
     except orjson.JSONDecodeError as exc:
         raise _not_json(exc) from None
-    if parsed is not None:
-        bodies.put(key, parsed, parsed.weight)
-    return body
+    if parsed is None:
+        return validate_request(MessagesRequest, body)
+    known = previous.running if previous is not None and previous.running else []
+    body["messages"] = Remembered(parsed.messages, known[:parsed.shared])
+    valid = validate_request(MessagesRequest, body)
+    parsed.running = valid["messages"].running
+    bodies.put(key, parsed, parsed.weight)
+    return valid
 
 
 def _not_json(exc: orjson.JSONDecodeError) -> ProxyError:
@@ -166,8 +175,7 @@ async def messages(request: Request) -> Response:
     wired = wiring(request)
     raw = await read_body(request, wired.settings.max_request_bytes)
     session = request.headers.get(SESSION_HEADER)
-    body = validate_request(MessagesRequest, parse_session_json(raw, wired.bodies,
-                                                                identity, session))
+    body = validated_body(raw, wired.bodies, identity, session)
     record = current_record()
     record.betas = request.headers.get("anthropic-beta")
     screen_request(body, record.betas)

@@ -23,7 +23,6 @@ the remembered messages against their bytes after every turn.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,15 +48,20 @@ it so, and then it is parsed whole."""
 _DOC_START = b"{" + _SENTINEL_KEY + b"["
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedBody:
     """A body as a later one can reuse it: its bytes, where its first message starts, the
-    parsed messages, and where each of the first `len(ends)` messages ends in `raw`."""
+    parsed messages, where each of the first `len(ends)` messages ends in `raw`, and how
+    many of them it took from the body before. `running`: each beginning's census of block
+    types once the messages are checked (conversion/census.py), for the next body's
+    check to start after the messages it shares."""
 
     raw: bytes
     start: int
     messages: list[Any]
     ends: list[int]
+    shared: int = 0
+    running: list[frozenset[str]] | None = None
 
     @property
     def weight(self) -> int:
@@ -69,7 +73,7 @@ def parse(raw: bytes, previous: ParsedBody | None) -> tuple[Any, ParsedBody | No
     what the session's next body can reuse (None when there is nothing to remember)."""
     if previous is None or len(raw) < REUSE_FROM:
         return _whole(raw)
-    shared = bisect_right(previous.ends, _common_length(raw, previous.raw, previous.ends[-1]))
+    shared = _shared(raw, previous)
     if not shared:
         return _whole(raw)
     end = previous.ends[shared - 1]
@@ -79,7 +83,7 @@ def parse(raw: bytes, previous: ParsedBody | None) -> tuple[Any, ParsedBody | No
     messages = previous.messages[:shared] + rest.pop(_SENTINEL)
     body = {**_head_of(raw, previous.start), "messages": messages, **rest}
     ends = _ends(raw, messages, shared, end, previous.ends[:shared])
-    return body, ParsedBody(raw, previous.start, messages, ends)
+    return body, ParsedBody(raw, previous.start, messages, ends, shared)
 
 
 def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:
@@ -140,16 +144,26 @@ def _ends(raw: bytes, messages: list[Any], first: int, at: int, ends: list[int])
     return ends
 
 
-def _common_length(a: bytes, b: bytes, limit: int) -> int:
-    """How many leading bytes (at most `limit`) `a` and `b` share: memcmp on halves, about
-    one pass over the shared part."""
-    low, high = 0, min(len(a), len(b), limit)
-    view = memoryview(b)
-    if a.startswith(view[:high]):
-        return high
+def _shared(raw: bytes, previous: ParsedBody) -> int:
+    """How many of the previous body's first messages `raw` repeats byte for byte, each
+    where it was. Claude Code's next turn repeats all but the last (its marker moved): one
+    memcmp over them says so; otherwise a search over the messages, each byte compared
+    about once."""
+    ends, view = previous.ends, memoryview(previous.raw)
+
+    def same(first: int, last: int) -> bool:  # messages first..last-1, the ones before equal
+        start = ends[first - 1] if first else 0
+        return raw.startswith(view[start:ends[last - 1]], start)
+
+    likely = len(ends) - 1
+    if not likely:
+        return 1 if same(0, 1) else 0
+    if same(0, likely):
+        return len(ends) if same(likely, len(ends)) else likely
+    low, high = 0, likely  # the first `low` are equal; the first `high` are not all
     while high - low > 1:
         middle = (low + high) // 2
-        if a.startswith(view[low:middle], low):
+        if same(low, middle):
             low = middle
         else:
             high = middle
