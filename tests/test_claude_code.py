@@ -437,3 +437,40 @@ def test_responses_api_thinking_and_encrypted_reasoning_round_trip(
         {"type": "reasoning", "id": "rs_cc_1", "encrypted_content": ENCRYPTED, "summary": []}]
     assert lines[-1]["result"] == f"The command printed: {TOOL_OUTPUT}"
     assert lines[-1]["is_error"] is False and lines[-1]["num_turns"] == 2
+
+
+def test_a_sessions_next_request_reuses_the_messages_claude_code_sent_before(
+        tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    """Claude Code's JSON is written as orjson writes it, message for message (thinking
+    and its signature, tool calls, results with text beyond ASCII), so each request of a
+    tool loop reuses, as parsed, every message of the one before but the last, whose cache
+    marker moved (server/incremental.py)."""
+    proxy = proxy_factory(provider="deepseek", middle_model="deepseek-reasoner",
+                          reasoning_with_tools=True, thinking_signature_secret=SECRET)
+    target = tmp_path / "work" / "sample.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(SOURCE + "# → ✓ 日本語 \"quoted\" \\ back\\slash\t\x01\n")
+
+    def respond(body: dict[str, Any]) -> Reply:
+        calls = sum(message["role"] == "tool" for message in body["messages"])
+        if calls == 2:
+            return text_stream(["Read it twice."])
+        return Reply(events=[
+            chunk({"role": "assistant", "reasoning_content": f"Read it — {calls}."}),
+            chunk({"tool_calls": [{"index": 0, "id": f"call_read_{calls}", "type": "function",
+                                   "function": {"name": "Read", "arguments": json.dumps(
+                                       {"file_path": str(target)})}}]}),
+            chunk({}, "tool_calls")])
+
+    upstream.responder = respond
+    lines = run_claude(tmp_path, proxy, "read sample.py twice", "--allowedTools", "Read")
+    assert lines[-1]["result"] == "Read it twice."
+    (_, remembered), = proxy.app.state.wiring.bodies.items()
+    assert len(remembered.messages) == 5 and remembered.shared == 2
+    assert len(remembered.ends) == len(remembered.messages)
+    assert remembered.running is not None and "tool_result" in remembered.running[-1]
+    sent = upstream.requests[2]["messages"]
+    assert [message.get("reasoning_content") for message in sent
+            if message["role"] == "assistant"] == ["Read it — 0.", "Read it — 1."]
+    assert "日本語" in sent[-1]["content"]

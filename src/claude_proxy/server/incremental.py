@@ -29,8 +29,10 @@ from typing import Any
 import orjson
 
 REUSE_FROM = 32 * 1024
-"""Bodies shorter than this are parsed whole and not remembered: orjson parses 32 KB in
-about 20 µs, which the bookkeeping would mostly spend. (Claude Code's first request is 50 KB.)"""
+"""Bodies shorter than this are parsed whole and not remembered: there is nothing to save
+(at 68 KB, where the system prompt and tools are most of the body, a next turn's parse
+already costs about what a whole one does). Low enough that a Claude Code session's first
+request (50 KB) is remembered, and its later ones find their ends from there."""
 
 REMEMBER_FOR = 900.0
 """Seconds a session's body is remembered after its last request (turns come seconds
@@ -38,7 +40,9 @@ apart; a session back after a long pause is parsed whole once)."""
 
 HELD_PER_BYTE = 2.5
 """What a remembered body holds per byte of its JSON: the bytes, and the parsed messages
-(1.2 to 1.8 bytes of objects per byte, measured with tracemalloc at 800 and 70 KB)."""
+(1.2 to 1.8 bytes of objects per byte, measured with tracemalloc at 800 and 70 KB, on
+Claude Code's conversations; a body of many tiny values holds more per byte, which this
+weight does not see)."""
 
 _OPEN = b'"messages":['
 _SENTINEL = "\x00"

@@ -65,3 +65,7 @@ class Memo:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def items(self) -> list[tuple[str, Any]]:
+        """What is kept, least recently used first (for tests and diagnostics)."""
+        return [(key, entry[0]) for key, entry in self._entries.items()]
