@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -64,6 +65,33 @@ def test_malformed_and_empty_json(proxy: ProxyServer) -> None:
         response = httpx.post(f"{proxy.url}/v1/messages", content=content,
                               headers={"content-type": "application/json"})
         assert_anthropic_error(response, 400, "invalid_request_error")
+
+
+def test_json_nested_deeper_than_the_upstream_request_can_carry_is_400(
+        proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """orjson reads 1,024 levels and writes 255: a tool input or schema nested 300 deep
+    parses, then cannot be written upstream. The client hears why, not "internal error"
+    (and a session's long body, parsed incrementally, says the same)."""
+    deep: Any = {"a": 1}
+    for _ in range(300):
+        deep = {"k": deep}
+    call = [{"role": "user", "content": "x" * 40_000},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                               "input": deep}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": "r"}]}]
+    schema = {**MINIMAL, "tools": [{"name": "f", "input_schema": deep}]}
+    for body, session in (({**MINIMAL, "messages": call}, None), (schema, None),
+                          ({**MINIMAL, "messages": call}, "deep-session"),
+                          ({**MINIMAL, "messages": call}, "deep-session")):
+        headers = {"content-type": "application/json"}
+        if session:
+            headers["x-claude-code-session-id"] = session
+        response = httpx.post(f"{proxy.url}/v1/messages", headers=headers,
+                              content=json.dumps(body).encode())
+        assert assert_anthropic_error(response, 400, "invalid_request_error") == (
+            "request body is nested too deeply")
+    assert upstream.requests == []
 
 
 def test_body_over_the_limit_is_413(proxy_factory: Callable[..., ProxyServer]) -> None:

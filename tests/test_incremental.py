@@ -41,10 +41,21 @@ def parsed_like_whole(raw: bytes, previous: ParsedBody | None) -> ParsedBody | N
         assert str(caught.value) == str(error)
         return None
     body, parsed = incremental.parse(raw, previous)
-    assert orjson.dumps(body) == orjson.dumps(expected)
+    assert _text(body) == _text(expected)
     if parsed is not None:
-        assert orjson.dumps(parsed.messages) == orjson.dumps(expected["messages"])
+        assert _text(parsed.messages) == _text(expected["messages"])
     return parsed
+
+
+def _text(value: Any) -> str:
+    """`value` as JSON, key order included (also nested deeper than orjson writes)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _compact(value: Any) -> bytes:
+    """JSON as Claude Code and orjson write it, for values nested deeper than orjson
+    writes."""
+    return _text(value).encode()
 
 
 # ---------------------------------------------------------------- Claude Code's sessions
@@ -109,6 +120,24 @@ def test_a_second_messages_key_or_the_sentinel_is_read_as_a_whole_parse_reads_it
     parsed_like_whole(raw[:-1] + b',"\\u0000":[1]}', first)
     parsed_like_whole(raw[:-1] + b',"tools":[{"\\u0000":1}]}', first)
     parsed_like_whole(raw[:-1] + b',"m\\u0065ssages":[]}', first)
+
+
+def test_a_message_nested_deeper_than_orjson_writes_is_parsed_but_not_remembered() -> None:
+    """orjson parses 1,024 levels but writes 255: such a message (and those after it)
+    cannot be found in the bytes, so the body is remembered up to it, or not at all."""
+    body = grown(50)
+    deep: Any = "bottom"
+    for _ in range(300):
+        deep = [deep]
+    messages = body["messages"]
+    nested = {**body, "messages": [*messages[:3], {"role": "user", "content": deep},
+                                   *messages[3:]]}
+    assert _compact(body) == orjson.dumps(body)
+    first = parsed_like_whole(_compact(nested), None)
+    assert first is not None and len(first.ends) == 3
+    again = parsed_like_whole(_compact({**nested, "max_tokens": 7}), first)
+    assert again is not None and again.messages[2] is first.messages[2]
+    assert parsed_like_whole(_compact({**body, "model": deep}), None) is None
 
 
 def test_an_invalid_body_fails_as_a_whole_parse_fails() -> None:
@@ -183,6 +212,7 @@ def test_the_memo_lets_the_least_recently_used_go_past_its_budget() -> None:
     assert (memo.get("a"), memo.weight, len(memo)) == ("A2", 50, 2)
     memo.put("huge", "H", 101)
     assert memo.get("huge") is None and len(memo) == 2
+    assert [key for key, _ in memo.items()] == ["c", "a"]
 
 
 def test_the_memo_forgets_an_entry_its_time_after_it_was_stored() -> None:
@@ -203,7 +233,8 @@ def test_the_memo_forgets_an_entry_its_time_after_it_was_stored() -> None:
 def test_a_memo_without_a_budget_keeps_nothing() -> None:
     memo = Memo(budget=0, ttl=10)
     memo.put("a", "A", 1)
-    assert memo.get("a") is None and len(memo) == 0
+    memo.put("b", "B", 0)
+    assert memo.get("a") is None and memo.get("b") is None and len(memo) == 0
 
 
 # ---------------------------------------------------------------- through the proxy

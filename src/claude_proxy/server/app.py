@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -244,8 +245,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, exc: RecursionError) -> Response:
-        return json_response(error_body("invalid_request_error",
-                                        "request body is nested too deeply"), 400)
+        return _too_deep()
+
+    @app.exception_handler(orjson.JSONEncodeError)
+    async def too_deep_to_write(request: Request, exc: orjson.JSONEncodeError) -> Response:
+        # orjson reads 1,024 levels but writes 255: a tool's input or schema nested deeper
+        # parses, and then cannot be written into the upstream request.
+        if "Recursion limit" in str(exc):
+            return _too_deep()
+        return await unexpected_error(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -257,7 +265,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         return json_response(error_body(error_type_for_status(exc.status_code), message),
                              exc.status_code, dict(exc.headers or {}))
 
-    @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, exc: Exception) -> Response:
-        logger.exception("unexpected error while handling a request")
-        return json_response(error_body("api_error", "internal proxy error"), 500)
+    app.add_exception_handler(Exception, unexpected_error)
+
+
+async def unexpected_error(_: Request, exc: Exception) -> Response:
+    logger.exception("unexpected error while handling a request")
+    return json_response(error_body("api_error", "internal proxy error"), 500)
+
+
+def _too_deep() -> Response:
+    return json_response(error_body("invalid_request_error",
+                                    "request body is nested too deeply"), 400)

@@ -100,7 +100,7 @@ def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:
     if not isinstance(messages, list) or head is None:
         return body, None
     start = _head_bytes(head)
-    if not raw.startswith(start):
+    if start is None or not raw.startswith(start):
         return body, None
     ends = _ends(raw, messages, 0, len(start), [])
     return body, (ParsedBody(raw, len(start), messages, ends) if ends else None)
@@ -125,11 +125,23 @@ def _head_of(raw: bytes, start: int) -> dict[str, Any]:
     return head
 
 
-def _head_bytes(head: dict[str, Any]) -> bytes:
+def _head_bytes(head: dict[str, Any]) -> bytes | None:
     """How the body starts when written compactly, up to the first message."""
-    pairs = b"".join(orjson.dumps(key) + b":" + orjson.dumps(value) + b","
-                     for key, value in head.items())
+    values = [_written(value) for value in head.values()]
+    if None in values:
+        return None
+    pairs = b"".join(orjson.dumps(key) + b":" + value + b","
+                     for key, value in zip(head, values, strict=True) if value is not None)
     return b"{" + pairs + _OPEN
+
+
+def _written(value: Any) -> bytes | None:
+    """`value` as orjson writes it; None for what it parses but cannot write (nested
+    deeper than its 255 levels): such a message is simply not remembered."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return None
 
 
 def _ends(raw: bytes, messages: list[Any], first: int, at: int, ends: list[int]) -> list[int]:
@@ -140,8 +152,8 @@ def _ends(raw: bytes, messages: list[Any], first: int, at: int, ends: list[int])
             if raw[at:at + 1] != b",":
                 break
             at += 1
-        written = orjson.dumps(messages[index])
-        if not raw.startswith(written, at):
+        written = _written(messages[index])
+        if written is None or not raw.startswith(written, at):
             break
         at += len(written)
         ends.append(at)

@@ -47,7 +47,7 @@ class Memo:
         used go until the rest fit the budget; one heavier than the whole budget is not
         kept. Expired entries at the old end go first."""
         self._drop(key)
-        if weight > self.budget:
+        if weight > self.budget or not self.budget:
             return
         now = self.clock()
         self._entries[key] = (value, weight, now + self.ttl)
