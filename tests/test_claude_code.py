@@ -466,7 +466,11 @@ def test_a_sessions_next_request_reuses_the_messages_claude_code_sent_before(
     upstream.responder = respond
     lines = run_claude(tmp_path, proxy, "read sample.py twice", "--allowedTools", "Read")
     assert lines[-1]["result"] == "Read it twice."
-    (_, remembered), = proxy.app.state.wiring.bodies.items()
+    (_, kept), = proxy.app.state.wiring.bodies.items()
+    # The first request's one message changed on the second (its marker moved), so the
+    # second shared nothing and joined it; the third took the second's place.
+    remembered, first = kept.bodies
+    assert (len(first.messages), first.shared) == (1, 0)
     assert len(remembered.messages) == 5 and remembered.shared == 2
     assert len(remembered.ends) == len(remembered.messages)
     assert remembered.running is not None and "tool_result" in remembered.running[-1]

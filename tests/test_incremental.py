@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from claude_proxy.conversion.census import kinds
 from claude_proxy.server import incremental
-from claude_proxy.server.incremental import REUSE_FROM, ParsedBody
+from claude_proxy.server.incremental import KEPT_PER_SESSION, REUSE_FROM, ParsedBody, SessionBodies
 from claude_proxy.state.memo import Memo
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import ScriptedUpstream, completion
@@ -70,12 +70,14 @@ def test_a_claude_code_sessions_next_turn_reuses_all_but_the_changed_last_messag
     for turn, raw in enumerate(session_turns(size_kb, 4, "Go on.", stream=True)):
         parsed = parsed_like_whole(raw, previous)
         assert parsed is not None and len(parsed.ends) == len(parsed.messages)
+        assert parsed.rest is not None and list(parsed.rest)[:2] == ["system", "tools"]
         if previous is not None:
             kept = len(previous.messages) - 1
             assert all(parsed.messages[index] is previous.messages[index]
                        for index in range(kept)), turn
             assert parsed.messages[kept] is not previous.messages[kept]
             assert len(parsed.messages) == len(previous.messages) + 2
+            assert parsed.rest is previous.rest  # the system prompt and tools, as parsed
         previous = parsed
 
 
@@ -149,6 +151,39 @@ def test_an_invalid_body_fails_as_a_whole_parse_fails() -> None:
         parsed_like_whole(broken, first)
 
 
+def test_a_session_keeps_its_main_conversation_and_its_subagents_apart() -> None:
+    """Claude Code sends a subagent's requests under the session's id: the main
+    conversation and the subagent's take turns, and each reuses its own last body. Past
+    KEPT_PER_SESSION conversations, the least recently used goes."""
+    main = session_turns(200, 3, "Go on.", stream=False)
+    agents = []
+    for number in range(KEPT_PER_SESSION):
+        body = grown(50)
+        body["messages"][0] = {"role": "user", "content": f"Subagent {number}: read the files."}
+        agents.append([orjson.dumps({**body, "messages": [*body["messages"], *read_turn(turn)]})
+                       for turn in range(1, 3)])
+    kept = SessionBodies()
+
+    def turn(raw: bytes) -> ParsedBody:
+        expected = orjson.loads(raw)
+        body, parsed = kept.parse(raw)
+        assert _text(body) == _text(expected) and parsed is not None
+        return parsed
+
+    first_main, first_agent = turn(main[0]), turn(agents[0][0])
+    second_main = turn(main[1])
+    assert second_main.messages[0] is first_main.messages[0]
+    assert second_main.shared == len(first_main.messages) - 1
+    second_agent = turn(agents[0][1])
+    assert second_agent.messages[0] is first_agent.messages[0] and second_agent.shared > 1
+    assert [body.raw for body in kept.bodies] == [agents[0][1], main[1]]
+    for others in agents[1:]:
+        turn(others[0])
+    assert len(kept.bodies) == KEPT_PER_SESSION and main[1] not in [b.raw for b in kept.bodies]
+    assert turn(main[2]).shared == 0  # the main conversation was let go: parsed whole
+    assert kept.weight == sum(body.weight for body in kept.bodies)
+
+
 # ---------------------------------------------------------------- any pair of bodies
 
 _leaves = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
@@ -195,6 +230,7 @@ def test_any_next_body_parses_as_a_whole_parse_would(
     if writer == "orjson" and not extra and not cut:
         assert first is not None and parsed is not None
         assert parsed.messages[0] is first.messages[0]  # the long first message, reused
+        assert first.rest is not None and parsed.rest is first.rest  # and what follows
 
 
 # ---------------------------------------------------------------- the memo
@@ -247,10 +283,16 @@ def _turn(proxy: ProxyServer, raw: bytes, session: str) -> dict[str, Any]:
     answer = httpx.post(f"{proxy.url}/v1/messages", content=raw, timeout=30,
                         headers={"content-type": "application/json", SESSION: session})
     assert answer.status_code == 200, answer.text
-    remembered = proxy.app.state.wiring.bodies.get(f"-\n{session}")
-    assert remembered is not None and remembered.raw == raw
-    messages = orjson.loads(raw)["messages"]
+    kept = proxy.app.state.wiring.bodies.get(f"-\n{session}")
+    assert kept is not None
+    remembered = kept.bodies[0]
+    assert remembered.raw == raw
+    fresh = orjson.loads(raw)
+    messages = fresh["messages"]
     assert orjson.dumps(remembered.messages) == orjson.dumps(messages)
+    after = list(fresh)[list(fresh).index("messages") + 1:]
+    assert remembered.rest is not None
+    assert orjson.dumps(remembered.rest) == orjson.dumps({key: fresh[key] for key in after})
     assert remembered.running == [kinds(messages[:count])
                                   for count in range(1, len(messages) + 1)]
     return {"answer": answer.json(), "first": remembered.messages[0]}

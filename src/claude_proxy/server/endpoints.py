@@ -143,18 +143,17 @@ def validated_body(raw: bytes, bodies: Memo, identity: Identity,
         return validate_request(MessagesRequest, parse_json(raw))
     current_record().client_json = raw
     key = f"{identity.name}\n{session}"
-    previous: incremental.ParsedBody | None = bodies.get(key)
+    kept: incremental.SessionBodies = bodies.get(key) or incremental.SessionBodies()
     try:
-        body, parsed = incremental.parse(raw, previous)
+        body, parsed = kept.parse(raw)
     except orjson.JSONDecodeError as exc:
         raise _not_json(exc) from None
     if parsed is None:
         return validate_request(MessagesRequest, body)
-    known = previous.running if previous is not None and previous.running else []
-    body["messages"] = Remembered(parsed.messages, known[:parsed.shared])
+    bodies.put(key, kept, kept.weight)
+    body["messages"] = Remembered(parsed.messages, parsed.known)
     valid = validate_request(MessagesRequest, body)
-    parsed.running = valid["messages"].running
-    bodies.put(key, parsed, parsed.weight)
+    parsed.running, parsed.known = valid["messages"].running, []
     return valid
 
 

@@ -5,34 +5,37 @@ JSON, and all of it but the last few KB came in the turn before, byte for byte. 
 marker moves to the new last block, so the previous last message changes too.) Parsing is
 the largest single cost of such a request: 0.5 to 1.2 ms of about 6. So when the session's
 previous body is remembered (state/memo.py), the messages it shares are taken from it as
-they were parsed, and only the rest of the body is parsed: the new messages, and what
-follows the conversation (system prompt, tools, settings).
+they were parsed, and so is what follows the conversation (system prompt, tools, settings:
+40 KB of every Claude Code body) when the body ends with the same bytes. Only the rest is
+parsed: the new messages, and the one whose marker moved.
 
 The reuse is exact, not a guess:
 - a message is reused only when every byte up to its end equals the previous body's;
 - a message's end is known only where orjson's serialization of the parsed message is found
   in the bytes, right where it should be. Claude Code's `JSON.stringify` writes the same
   bytes. A client that writes JSON with spaces gets no reuse, and nothing else changes.
+- what follows the conversation is reused only when the body ends with its very bytes
+  (from the `]` that closes the messages on) and the bytes before them parse as the rest of
+  the messages' array;
 - anything unusual (a different start, a second "messages" key, invalid JSON) is parsed
   whole, as before.
 
 Later requests share the reused objects, so nothing may change them in place. The conversion
 builds new objects; tests/test_incremental.py replays sessions through the proxy and checks
-the remembered messages against their bytes after every turn.
+the remembered messages, and what follows them, against their bytes after every turn.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 REUSE_FROM = 32 * 1024
-"""Bodies shorter than this are parsed whole and not remembered: there is nothing to save
-(at 68 KB, where the system prompt and tools are most of the body, a next turn's parse
-already costs about what a whole one does). Low enough that a Claude Code session's first
-request (50 KB) is remembered, and its later ones find their ends from there."""
+"""Bodies shorter than this are parsed whole and not remembered (orjson parses 32 KB in
+about 20 µs). Low enough that a Claude Code session's first request (50 KB) is
+remembered, and its later ones reuse it."""
 
 REMEMBER_FOR = 900.0
 """Seconds a session's body is remembered after its last request (turns come seconds
@@ -65,29 +68,80 @@ class ParsedBody:
     messages: list[Any]
     ends: list[int]
     shared: int = 0
+    known: list[frozenset[str]] = field(default_factory=list)
+    """The running census of the `shared` messages, from the body they were taken from."""
     running: list[frozenset[str]] | None = None
+    rest: dict[str, Any] | None = None
+    """The keys after the conversation (system prompt, tools, settings) as parsed, when every
+    message's end is known: then their bytes are those from the last end on (the `]` that
+    closes the messages, `raw[ends[-1]:]`)."""
 
     @property
     def weight(self) -> int:
         return int(len(self.raw) * HELD_PER_BYTE)
 
 
-def parse(raw: bytes, previous: ParsedBody | None) -> tuple[Any, ParsedBody | None]:
+KEPT_PER_SESSION = 4
+"""Bodies kept per session: Claude Code sends its subagents' requests under the session's
+id, so a session holds several conversations at once (the main one, and a subagent's
+while it works); with one body kept they would take turns to miss."""
+
+
+class SessionBodies:
+    """A session's last bodies, one per conversation, the most recently used first. (A
+    conversation's second request shares no message with its first, whose only message
+    had the cache marker: the first stays beside it until it is the oldest.)"""
+
+    __slots__ = ("bodies",)
+
+    def __init__(self) -> None:
+        self.bodies: list[ParsedBody] = []
+
+    @property
+    def weight(self) -> int:
+        return sum(body.weight for body in self.bodies)
+
+    def parse(self, raw: bytes) -> tuple[Any, ParsedBody | None]:
+        """`parse` against the kept body that shares the most messages with `raw`; what
+        can be reused then replaces that body (or joins them, the oldest let go)."""
+        previous, most = None, 0
+        if len(raw) >= REUSE_FROM:
+            for candidate in self.bodies:
+                shared = _shared(raw, candidate)
+                if shared > most:
+                    previous, most = candidate, shared
+        body, parsed = parse(raw, previous, most)
+        if parsed is not None:
+            others = [kept for kept in self.bodies if kept is not previous]
+            self.bodies = [parsed, *others][:KEPT_PER_SESSION]
+        return body, parsed
+
+
+def parse(raw: bytes, previous: ParsedBody | None,
+          shared: int | None = None) -> tuple[Any, ParsedBody | None]:
     """The body, exactly as `orjson.loads(raw)` gives it (raising its JSONDecodeError), and
-    what the session's next body can reuse (None when there is nothing to remember)."""
+    what the session's next body can reuse (None when there is nothing to remember).
+    `shared`: how many of `previous`'s messages `raw` repeats, when already counted."""
     if previous is None or len(raw) < REUSE_FROM:
         return _whole(raw)
-    shared = _shared(raw, previous)
+    if shared is None:
+        shared = _shared(raw, previous)
     if not shared:
         return _whole(raw)
     end = previous.ends[shared - 1]
-    rest = _rest(raw, end)
-    if rest is None:
-        return _whole(raw)
-    messages = previous.messages[:shared] + rest.pop(_SENTINEL)
+    found = _same_rest(raw, end, previous)
+    if found is None:
+        rest = _rest(raw, end)
+        if rest is None:
+            return _whole(raw)
+        found = rest.pop(_SENTINEL), rest
+    new, rest = found
+    messages = previous.messages[:shared] + new
     body = {**_head_of(raw, previous.start), "messages": messages, **rest}
     ends = _ends(raw, messages, shared, end, previous.ends[:shared])
-    return body, ParsedBody(raw, previous.start, messages, ends, shared)
+    return body, ParsedBody(raw, previous.start, messages, ends, shared,
+                            (previous.running or [])[:shared],
+                            rest=rest if _all_found(raw, messages, ends) else None)
 
 
 def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:
@@ -103,7 +157,43 @@ def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:
     if start is None or not raw.startswith(start):
         return body, None
     ends = _ends(raw, messages, 0, len(start), [])
-    return body, (ParsedBody(raw, len(start), messages, ends) if ends else None)
+    if not ends:
+        return body, None
+    rest = _rest(raw, ends[-1]) if _all_found(raw, messages, ends) else None
+    if rest is not None:
+        del rest[_SENTINEL]
+    return body, ParsedBody(raw, len(start), messages, ends, rest=rest)
+
+
+def _all_found(raw: bytes, messages: list[Any], ends: list[int]) -> bool:
+    """Whether every message's end is known, the last one's followed by the `]` that closes
+    them (so that what follows is the keys after the conversation)."""
+    return bool(ends) and len(ends) == len(messages) and raw[ends[-1]:ends[-1] + 1] == b"]"
+
+
+def _same_rest(raw: bytes, end: int,
+               previous: ParsedBody) -> tuple[list[Any], dict[str, Any]] | None:
+    """The messages after the shared ones (which end at `end`), and the previous body's
+    keys after the conversation, when this body ends with the very bytes the previous one
+    ended with from its messages' `]` on: then only the new messages are parsed (Claude
+    Code's system prompt and tools, 40 KB, are the same on every turn). Exact: the bytes
+    between are taken only if they parse as the rest of an array."""
+    if previous.rest is None:
+        return None
+    tail = memoryview(previous.raw)[previous.ends[-1]:]
+    cut = len(raw) - len(tail)
+    if cut < end or not raw.endswith(tail):
+        return None
+    between = raw[end:cut]
+    if not between:
+        return [], previous.rest
+    if not between.startswith(b","):
+        return None
+    try:
+        new = orjson.loads(b"[" + between[1:] + b"]")
+    except orjson.JSONDecodeError:
+        return None
+    return new, previous.rest
 
 
 def _head(body: dict[str, Any]) -> dict[str, Any] | None:
