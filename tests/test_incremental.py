@@ -118,10 +118,10 @@ def test_a_second_messages_key_or_the_sentinel_is_read_as_a_whole_parse_reads_it
     first = parsed_like_whole(orjson.dumps(body), None)
     turn = {**body, "messages": [*body["messages"], *read_turn(7)]}
     raw = orjson.dumps(turn)
-    parsed_like_whole(raw[:-1] + b',"messages":[{"role":"user","content":"last"}]}', first)
-    parsed_like_whole(raw[:-1] + b',"\\u0000":[1]}', first)
-    parsed_like_whole(raw[:-1] + b',"tools":[{"\\u0000":1}]}', first)
-    parsed_like_whole(raw[:-1] + b',"m\\u0065ssages":[]}', first)
+    for tail in (b',"messages":[{"role":"user","content":"last"}]}', b',"\\u0000":[1]}',
+                 b',"tools":[{"\\u0000":1}]}', b',"m\\u0065ssages":[]}'):
+        parsed = parsed_like_whole(raw[:-1] + tail, first)
+        assert parsed is None or parsed.shared == 0, tail  # parsed whole: nothing reused
 
 
 def test_a_message_nested_deeper_than_orjson_writes_is_parsed_but_not_remembered() -> None:
@@ -148,7 +148,7 @@ def test_an_invalid_body_fails_as_a_whole_parse_fails() -> None:
     raw = orjson.dumps({**body, "messages": [*body["messages"], *read_turn(7)]})
     for broken in (raw[:-1], raw[:-2000], raw + b"x", raw.replace(b'"Read"', b'"Re\xff"'),
                    raw[: len(raw) // 2]):
-        parsed_like_whole(broken, first)
+        assert parsed_like_whole(broken, first) is None  # the whole parse's error, raised
 
 
 def test_a_session_keeps_its_main_conversation_and_its_subagents_apart() -> None:

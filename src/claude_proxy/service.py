@@ -567,8 +567,7 @@ class MessagesService:
                     + record.tokens.get("cache_write", 0))
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
-                             reported, record.input_estimate,
-                             record.thread if session else "")
+                             reported, record.input_estimate, record.thread)
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:
