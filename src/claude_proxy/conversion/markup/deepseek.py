@@ -18,6 +18,7 @@ from claude_proxy.conversion.markup.envelope import (
     Markup,
     Schema,
     TextCall,
+    every_call,
     inner,
     json_object,
     whole,
@@ -31,13 +32,8 @@ _FENCED = re.compile(r"\s*([^\s`]+)\s*\n```(?:json)?\s*\n(.*?)\n?```\s*", re.DOT
 
 def read(raw: str, tools: Mapping[str, Schema]) -> list[TextCall] | None:
     text = inner(raw, *_SECTION) if raw.startswith(_SECTION[0]) else raw
-    calls: list[TextCall] = []
-    for match in whole(_ONE, text) or ():
-        call = _call(match.group(1).strip(), match.group(2))
-        if call is None:
-            return None
-        calls.append(call)
-    return calls or None
+    return every_call(whole(_ONE, text),
+                      lambda match: _call(match.group(1).strip(), match.group(2)))
 
 
 def _call(head: str, body: str) -> TextCall | None:

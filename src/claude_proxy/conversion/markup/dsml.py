@@ -26,6 +26,7 @@ from claude_proxy.conversion.markup.envelope import (
     Markup,
     Schema,
     TextCall,
+    every_call,
     inner,
     properties,
     typed_value,
@@ -54,15 +55,13 @@ def read(raw: str, tools: Mapping[str, Schema]) -> list[TextCall] | None:
         return None
     bar, closing = _ENVELOPES[opening]
     invoke, parameter = _PATTERNS[bar]
-    invokes = whole(invoke, inner(raw, opening, closing))
-    calls: list[TextCall] = []
-    for match in invokes or ():
+
+    def call(match: re.Match[str]) -> TextCall | None:
         name = match.group(1)
         arguments = _arguments(parameter, match.group(2), tools.get(name))
-        if arguments is None:
-            return None
-        calls.append(TextCall(name, arguments))
-    return calls or None
+        return TextCall(name, arguments) if arguments is not None else None
+
+    return every_call(whole(invoke, inner(raw, opening, closing)), call)
 
 
 def _arguments(parameter: re.Pattern[str], body: str,

@@ -54,6 +54,18 @@ def whole(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
     return matches if not text[position:].strip() else None
 
 
+def every_call(matches: list[re.Match[str]] | None,
+               call: Callable[[re.Match[str]], TextCall | None]) -> list[TextCall] | None:
+    """The call each match reads as, or None when there is none or any does not read."""
+    calls: list[TextCall] = []
+    for match in matches or ():
+        one = call(match)
+        if one is None:
+            return None
+        calls.append(one)
+    return calls or None
+
+
 def inner(raw: str, opening: str, closing: str) -> str:
     """The envelope's text without its opening tag and (when it came) its closing tag."""
     text = raw.removeprefix(opening)

@@ -20,6 +20,7 @@ from claude_proxy.conversion.markup.envelope import (
     Markup,
     Schema,
     TextCall,
+    every_call,
     inner,
     json_object,
     whole,
@@ -36,15 +37,16 @@ _ID = re.compile(r"(?:functions\.)?([^\s:]+)(?::\d+)?")
 def read(raw: str, tools: Mapping[str, Schema]) -> list[TextCall] | None:
     opening = next((tag for tag in _SECTIONS if raw.startswith(tag)), None)
     text = inner(raw, opening, _SECTIONS[opening]) if opening else raw
-    calls: list[TextCall] = []
-    for match in whole(_ONE, text) or ():
-        call_id = match.group(1)
-        name = _ID.fullmatch(call_id)
-        arguments = json_object(match.group(2))
-        if name is None or arguments is None:
-            return None
-        calls.append(TextCall(name.group(1), arguments, call_id))
-    return calls or None
+    return every_call(whole(_ONE, text), _call)
+
+
+def _call(match: re.Match[str]) -> TextCall | None:
+    call_id = match.group(1)
+    name = _ID.fullmatch(call_id)
+    arguments = json_object(match.group(2))
+    if name is None or arguments is None:
+        return None
+    return TextCall(name.group(1), arguments, call_id)
 
 
 KIMI = Markup("kimi", {**{opening: (closing,) for opening, closing in _SECTIONS.items()},

@@ -20,6 +20,7 @@ from claude_proxy.conversion.markup.envelope import (
     Markup,
     Schema,
     TextCall,
+    every_call,
     inner,
     typed_arguments,
     whole,
@@ -34,17 +35,17 @@ _PARAMETER = re.compile(r'<parameter\s+name="([^"]*)"\s*>(.*?)</parameter>', re.
 
 
 def read(raw: str, tools: Mapping[str, Schema]) -> list[TextCall] | None:
-    calls: list[TextCall] = []
-    for invoke in whole(_INVOKE, inner(raw, _OPENING, _CLOSING)) or ():
+    def call(invoke: re.Match[str]) -> TextCall | None:
         name = invoke.group(1)
         parameters = whole(_PARAMETER, invoke.group(2))
+        if parameters is None:
+            return None
         arguments = typed_arguments(
             ((match.group(1), match.group(2).removeprefix("\n").removesuffix("\n"))
-             for match in parameters), tools.get(name)) if parameters is not None else None
-        if arguments is None:
-            return None
-        calls.append(TextCall(name, arguments))
-    return calls or None
+             for match in parameters), tools.get(name))
+        return TextCall(name, arguments) if arguments is not None else None
+
+    return every_call(whole(_INVOKE, inner(raw, _OPENING, _CLOSING)), call)
 
 
 MINIMAX = Markup("minimax", {_OPENING: (_CLOSING,), _BARE: (_CLOSING,)}, read)
