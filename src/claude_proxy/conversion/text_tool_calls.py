@@ -98,6 +98,8 @@ class _Scan:
 
 @lru_cache(maxsize=64)
 def _scan_for(formats: tuple[str, ...]) -> _Scan:
+    """The tables for a set of families, built once: a process sees a handful of sets (one
+    per combination the settings give its models), and every answer reuses its set's."""
     closings: dict[str, tuple[str, ...]] = {}
     readers: dict[str, tuple[Reader, ...]] = {}
     for markup in (markup for name in formats for markup in FAMILIES[name]):
