@@ -152,9 +152,7 @@ def test_a_call_to_an_unoffered_tool_or_refused_by_the_check_gives_the_text_back
     parts = pieces(case["content"], list(range(5, len(case["content"]), 5)))
     plain = read(case, parts, markup=False)
     assert all(piece[0] != "call" for piece in plain)
-    refused: list[Check] = [lambda name, arguments: None]
-    for check in refused:
-        assert read(case, parts, in_reasoning=True, check=check) == plain
+    assert read(case, parts, in_reasoning=True, check=lambda name, arguments: None) == plain
     assert read(case, parts, in_reasoning=True, tools={"another_tool": {}}) == plain
     if case["where"] != "reasoning" and "<think>" not in case["content"]:
         assert plain == [["text", case["content"]]]
