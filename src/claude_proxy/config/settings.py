@@ -121,9 +121,17 @@ PROFILES: dict[str, ProviderProfile] = {
 }
 
 DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2", "minimax-m3")
-# Models whose servers (vLLM, SGLang, llama.cpp) sometimes leave a tool call written as text
-# in the content (docs/text-tool-calls.md).
-DEFAULT_TEXT_TOOL_CALL_PREFIXES = ("qwen3-coder", "qwen3.5", "qwen3.6")
+# Models whose servers (vLLM, SGLang, llama.cpp, resellers) sometimes leave a tool call
+# written as text in the content, by the markup family that reads it: each is on for the
+# models that ship its format (docs/text-tool-calls.md; conversion/text_tool_calls.py).
+DEFAULT_TOOL_CALL_MARKUP: dict[str, tuple[str, ...]] = {
+    "qwen": ("qwen3-coder", "qwen3.5", "qwen3.6"),
+    "deepseek": ("deepseek",),
+    "kimi": ("kimi", "moonshot"),
+    "glm": ("glm",),
+    "minimax": ("minimax",),
+    "harmony": ("gpt-oss",),
+}
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -193,6 +201,15 @@ class ProviderSettings(BaseModel):
     text_tool_call_prefixes: PrefixList = None
     """TEXT_TOOL_CALL_PREFIXES: models whose tool calls written as text (Qwen3-Coder's
     `<function=…>` XML, `<tool_call>` JSON) become tool_use blocks."""
+    deepseek_tool_call_prefixes: PrefixList = None
+    """DEEPSEEK_TOOL_CALL_PREFIXES: the same for DeepSeek's DSML and special tokens."""
+    kimi_tool_call_prefixes: PrefixList = None
+    glm_tool_call_prefixes: PrefixList = None
+    minimax_tool_call_prefixes: PrefixList = None
+    harmony_tool_call_prefixes: PrefixList = None
+    reasoning_tool_call_prefixes: PrefixList = None
+    """REASONING_TOOL_CALL_PREFIXES: models whose reasoning is read for those formats too
+    (opt-in: a section the reasoning ends in may be a plan, not a call)."""
     buffer_stream_model_prefixes: PrefixList = None
     responses_api: bool = True
     upstream_api: Literal["chat", "messages"] = "chat"
@@ -212,7 +229,11 @@ class ProviderSettings(BaseModel):
     `off` (the Anthropic `unavailable` error, never an answer from memory)."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
-                     "text_tool_call_prefixes", "buffer_stream_model_prefixes", mode="before")
+                     "text_tool_call_prefixes", "deepseek_tool_call_prefixes",
+                     "kimi_tool_call_prefixes", "glm_tool_call_prefixes",
+                     "minimax_tool_call_prefixes", "harmony_tool_call_prefixes",
+                     "reasoning_tool_call_prefixes", "buffer_stream_model_prefixes",
+                     mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         """`a,b, c` in the environment; an explicit empty value means 'none'."""
@@ -307,11 +328,20 @@ class ProviderSettings(BaseModel):
             return DEFAULT_THINK_TAG_PREFIXES
         return tuple(self.think_tag_prefixes)
 
-    @property
-    def text_tool_call_models(self) -> tuple[str, ...]:
-        if self.text_tool_call_prefixes is None:
-            return DEFAULT_TEXT_TOOL_CALL_PREFIXES
-        return tuple(self.text_tool_call_prefixes)
+    def tool_call_markup(self, model: str) -> tuple[str, ...]:
+        """The markup families (DEFAULT_TOOL_CALL_MARKUP's names) read from this model's
+        text: each family's `*_TOOL_CALL_PREFIXES`, else its default."""
+        chosen = {"qwen": self.text_tool_call_prefixes,
+                  "deepseek": self.deepseek_tool_call_prefixes,
+                  "kimi": self.kimi_tool_call_prefixes, "glm": self.glm_tool_call_prefixes,
+                  "minimax": self.minimax_tool_call_prefixes,
+                  "harmony": self.harmony_tool_call_prefixes}
+        return tuple(family for family, default in DEFAULT_TOOL_CALL_MARKUP.items()
+                     if matches_prefix(model, default if chosen[family] is None
+                                       else tuple(chosen[family] or ())))
+
+    def reads_reasoning_tool_calls(self, model: str) -> bool:
+        return matches_prefix(model, tuple(self.reasoning_tool_call_prefixes or ()))
 
     @property
     def buffered_models(self) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from claude_proxy.conversion.structured import (
     apply_structured_output,
     requested_schema,
 )
-from claude_proxy.conversion.text_tool_calls import declared_tools
+from claude_proxy.conversion.text_tool_calls import TextCallPlan
 from claude_proxy.conversion.tool_groups import (
     disabled_groups,
     groups_with_extensions,
@@ -147,9 +147,9 @@ class UpstreamRequest:
     inline `<think>` text is removed from the answer when it is not."""
     think_tags: bool = False
     """Split `<think>` tags out of the content of this model's answer."""
-    text_tools: dict[str, Any] | None = None
-    """The declared tools (name → parameters schema) when this model's tool calls written
-    as text are to become tool calls (TEXT_TOOL_CALL_PREFIXES)."""
+    text_calls: TextCallPlan | None = None
+    """What to read as tool calls from this model's text (the `*_TOOL_CALL_PREFIXES`; set
+    for every API by upstream/api.py)."""
     buffered: bool = False
     """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
     api: Literal["chat", "responses", "messages"] = "chat"
@@ -221,8 +221,6 @@ def convert_request(
     if settings.dialect == "gemini":
         sign_gemini_history(messages)
     result.think_tags = matches_prefix(model, settings.think_tag_models)
-    if body.get("tools") and matches_prefix(model, settings.text_tool_call_models):
-        result.text_tools = declared_tools(body)
     apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
     return result
 

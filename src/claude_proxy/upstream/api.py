@@ -22,6 +22,11 @@ from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import WireParser
 from claude_proxy.conversion.structured import apply_responses_structured_output
+from claude_proxy.conversion.text_tool_calls import (
+    TextCallPlan,
+    declared_tools,
+    reading_text_calls,
+)
 from claude_proxy.errors import ProxyError
 from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.capabilities import (
@@ -108,6 +113,19 @@ async def no_count(client: OpenAIClient, request: dict[str, Any], settings: Prov
     return None
 
 
+def with_text_calls(upstream: UpstreamRequest, settings: ProviderSettings) -> UpstreamRequest:
+    """The request, told what to read as tool calls from its answer's text: the markup
+    families on for its model (`*_TOOL_CALL_PREFIXES`), when it offers tools. The place to
+    give the reader another check than the default (`TextCallPlan.check`)."""
+    model = str(upstream.body.get("model") or "")
+    formats = settings.tool_call_markup(model)
+    tools = declared_tools(upstream.body) if formats else {}
+    if tools:
+        upstream.text_calls = TextCallPlan(
+            tools, formats, in_reasoning=settings.reads_reasoning_tool_calls(model))
+    return upstream
+
+
 def _refused_common(error: ProxyError, upstream: UpstreamRequest) -> list[str] | None:
     """The optional fields every OpenAI-format API may refuse; None when the error is no
     400 at all (nothing to learn)."""
@@ -136,12 +154,12 @@ class ChatCompletions:
                                    structured=structured_mode(refusals, model),
                                    cache_key=build.cache_key)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
-        return upstream
+        return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return chat_completions.ChatCompletionsParser(
+        return reading_text_calls(chat_completions.ChatCompletionsParser(
             think_tags=upstream.think_tags, leading_think_tags=True,
-            show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
+            show_inline_thinking=upstream.thinking), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:
@@ -190,10 +208,10 @@ class Responses:
             without_summary=refusals.refuses(model, SUMMARY), cache_key=build.cache_key)
         apply_responses_structured_output(upstream.body, request)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
-        return upstream
+        return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return responses.ResponsesParser()
+        return reading_text_calls(responses.ResponsesParser(), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:
@@ -228,13 +246,13 @@ class Messages:
 
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
-        return messages.convert_request(
+        return with_text_calls(messages.convert_request(
             request, settings, model=build.model,
             refuses=lambda name: build.refusals.refuses(build.model, name),
-            opaque_for=build.opaque_for, betas=build.betas)
+            opaque_for=build.opaque_for, betas=build.betas), settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return messages.MessagesParser()
+        return reading_text_calls(messages.MessagesParser(), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:

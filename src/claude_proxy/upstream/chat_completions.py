@@ -26,8 +26,6 @@ from claude_proxy.conversion.deltas import (
     Usage,
 )
 from claude_proxy.conversion.reasoning import tool_call_extra
-from claude_proxy.conversion.text_tool_calls import Piece as TextPiece
-from claude_proxy.conversion.text_tool_calls import Schema, TextToolCallSplitter
 from claude_proxy.conversion.think_tags import TAG_PAIRS, Piece, ThinkTagSplitter
 from claude_proxy.conversion.usage import find_usage
 
@@ -189,15 +187,12 @@ class ChatCompletionsParser:
     content; otherwise, with `leading_think_tags`, content that starts with a tag in a
     response with no reasoning field is split too (what the proxy does for every model).
     `show_inline_thinking` False (the client turned thinking off) removes that text.
-    `text_tools` (TEXT_TOOL_CALL_PREFIXES matched; the request's declared tools) turns tool
-    calls written as text into tool calls (`conversion/text_tool_calls.py`).
+    Tool calls written as text are read behind this parser (`conversion/text_tool_calls.py`).
     """
 
     def __init__(self, *, think_tags: bool = False, leading_think_tags: bool = False,
-                 show_inline_thinking: bool = True,
-                 text_tools: dict[str, Schema] | None = None) -> None:
+                 show_inline_thinking: bool = True) -> None:
         self._think_tags = think_tags
-        self._text_calls = TextToolCallSplitter(text_tools) if text_tools else None
         self._show_inline_thinking = show_inline_thinking
         self._splitter: ThinkTagSplitter | None = None
         self._sniffer = _ThinkSniffer() if leading_think_tags and not think_tags else None
@@ -232,7 +227,6 @@ class ChatCompletionsParser:
         deltas = self._undecided_text()
         if self._splitter is not None:
             deltas.extend(self._pieces(self._splitter.flush()))
-        deltas = self._text_tool_calls(deltas, final=True)
         deltas.extend(self._details.take_opaque())
         return deltas
 
@@ -250,9 +244,9 @@ class ChatCompletionsParser:
             # Opaque reasoning belongs to the thinking that this content closes.
             deltas.extend(self._details.take_opaque())
         if isinstance(content, str) and content:
-            deltas.extend(self._text_tool_calls(self._content(content)))
+            deltas.extend(self._content(content))
         if isinstance(tool_calls, list):
-            deltas.extend(self._text_tool_calls(self._undecided_text(), final=True))
+            deltas.extend(self._undecided_text())
             for fragment in tool_calls:
                 if isinstance(fragment, dict):
                     deltas.extend(_tool_call_extra(fragment))
@@ -281,35 +275,6 @@ class ChatCompletionsParser:
             return [Text(held)]
         self._splitter = ThinkTagSplitter()
         return self._pieces(self._splitter.feed(held))
-
-    def _text_tool_calls(self, deltas: list[Delta], *, final: bool = False) -> list[Delta]:
-        """The text deltas through the text tool-call splitter (when on); `final` ends what
-        it holds (the stream ended, or real tool calls began)."""
-        splitter = self._text_calls
-        if splitter is None:
-            return deltas
-        out: list[Delta] = []
-        for delta in deltas:
-            if isinstance(delta, Text):
-                out.extend(self._from_text_pieces(splitter.feed(delta.text)))
-            else:
-                out.append(delta)
-        if final:
-            out.extend(self._from_text_pieces(splitter.flush()))
-        return out
-
-    def _from_text_pieces(self, pieces: list[TextPiece]) -> list[Delta]:
-        out: list[Delta] = []
-        for piece in pieces:
-            if piece[0] == "text":
-                out.append(Text(piece[1]))
-                continue
-            call = piece[1]
-            key = self._next_key
-            self._next_key += 1
-            out.append(ToolCall(key, name=call.name,
-                                arguments=orjson.dumps(call.arguments).decode()))
-        return out
 
     def _undecided_text(self) -> list[Delta]:
         """Content held while it might still open a tag, as text: a tool call or the end
