@@ -3,8 +3,9 @@ call is collected, closed, checked against the schema of the tool the request of
 sent as one piece (docs/tool-calls.md).
 
 A call is closed when the upstream says so (a Messages `content_block_stop`, a Responses
-`output_item.done`), when the next call starts and its text so far is whole JSON, at the
-upstream's finish reason, before any other content, or at the end. Then the wire shapes are
+`output_item.done`), at the upstream's finish reason, before any other content, or at the
+end; not when another call starts, since parallel calls may come interleaved (and a call
+whose text is whole JSON may still have a `<|call|>` or an echo to come). Then the wire shapes are
 undone (S1 cumulative snapshots, S2 an echo of the whole arguments, S3 parallel calls collapsed
 into one, each part valid; S5 the same call twice) and the repair ladder runs
 (`OfferedTools.check`). What validates goes out (the original bytes when they were valid);
@@ -82,8 +83,6 @@ class _Held:
     """Past the hold limit: its fragments go out as they come."""
     closed: bool = False
     """The upstream said it is complete."""
-    followed: bool = False
-    """Another call started after it."""
 
     def add(self, piece: str) -> None:
         if self.cumulative and self.fragments:
@@ -103,20 +102,6 @@ class _Held:
         """The S1 reading (the last snapshot), when every fragment was one."""
         return self.snapshot if self.cumulative and len(self.fragments) >= 2 else None
 
-    def ready(self) -> bool:
-        if self.closed:
-            return True
-        if not self.followed:
-            return False
-        return any(_parses(text) for text in (self.text(), self.snapshots()) if text)
-
-
-def _parses(text: str) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 class ToolGuard:
@@ -135,6 +120,8 @@ class ToolGuard:
         self._first_key: int | None = None
         self._truncated = False
         self._spare_key = -1
+        self._behind: list[Delta] = []
+        """Whitespace that came while calls were held: it goes out after them, as it came."""
 
     def holding(self) -> bool:
         """Whether arguments are held back from the client now."""
@@ -147,8 +134,9 @@ class ToolGuard:
         for delta in deltas:
             if isinstance(delta, ToolCall):
                 self._piece(delta, out)
-            elif isinstance(delta, Usage | UpstreamFailure) or (
-                    isinstance(delta, Text) and delta.text.isspace()):
+            elif isinstance(delta, Text) and delta.text.isspace():
+                (self._behind if self._held else out).append(delta)
+            elif isinstance(delta, Usage | UpstreamFailure):
                 out.append(delta)
             else:
                 if isinstance(delta, Finish):
@@ -172,9 +160,6 @@ class ToolGuard:
             if piece.key in self._done:
                 self._late(piece, out)
                 return
-            for earlier in self._held.values():
-                earlier.followed = True
-            self._settle_ready(out)
             held = self._held[piece.key] = _Held(piece.key, piece.id, piece.name)
             if self._first_key is None:
                 self._first_key = piece.key
@@ -218,13 +203,20 @@ class ToolGuard:
         """The calls that are closed, in the order they began (a later call never goes
         before an earlier one that is still open)."""
         for held in list(self._held.values()):
-            if not held.ready():
+            if not held.closed:
                 return
             self._settle(held, out)
+        self._release(out)
 
     def _settle_all(self, out: list[Delta]) -> None:
         for held in list(self._held.values()):
             self._settle(held, out)
+        self._release(out)
+
+    def _release(self, out: list[Delta]) -> None:
+        if not self._held and self._behind:
+            out.extend(self._behind)
+            self._behind = []
 
     def _settle(self, held: _Held, out: list[Delta]) -> None:
         del self._held[held.key]

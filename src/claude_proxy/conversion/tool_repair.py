@@ -32,6 +32,9 @@ loop. Longer broken text goes through as it came."""
 WRAPPERS = ("arguments", "input", "parameters", "args")
 """R6: keys models wrap their arguments in (B7 of the reference note)."""
 _FENCE = re.compile(r"\A\s*```[A-Za-z0-9_-]*[ \t]*\n?(.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
+_AMBIGUOUS_ESCAPE = re.compile(r"\\(?:x[0-9a-fA-F]{2}|U[0-9a-fA-F]{8}|N\{|[av0-7])")
+"""An escape that means a character in a Python literal and is a stray backslash in JSON
+(`\\x41`, `\\U0002ebe1`, `\\a`): which was meant cannot be told, so R4 leaves the text."""
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>")
 _INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]*[1-9])?")
@@ -107,8 +110,10 @@ def syntax_repaired(text: str) -> Any:
     """R4: Python literals, single quotes, trailing commas, unquoted keys and stray
     backslashes repaired by `json_repair` (strict mode: a missing value is an error, not
     `""`), for a text short enough and provably whole: it ends with the `}` that closes its
-    first `{`, outside any string. None when it may not be repaired or is not an object."""
-    if len(text) > REPAIR_MAX_CHARS or not text.rstrip().endswith("}") or not whole(text):
+    first `{`, outside any string, and holds no escape Python and JSON read differently.
+    None when it may not be repaired or is not an object."""
+    if len(text) > REPAIR_MAX_CHARS or not text.rstrip().endswith("}") or not whole(text) or (
+            _AMBIGUOUS_ESCAPE.search(text)):
         return None
     try:
         value = json_repair.repair_json(text, return_objects=True, strict=True)

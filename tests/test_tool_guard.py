@@ -1,0 +1,467 @@
+"""The tool-call guard (docs/tool-calls.md) on the shapes of the reference note
+(tests/data/tool-calls/shapes.json): each replayed by the scripted upstream on the Chat
+Completions, Responses and Messages wires, streamed and not, through a real proxy, and what
+the client reads checked exactly (the input_json bytes of each call, its name, a fresh id
+where one was minted); then the settings (off, observe, the hold limit), the ping while
+holding, the report (log line, metrics, inspector)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema_rs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from claude_proxy.config.settings import GuardMode
+from claude_proxy.conversion.response_converter import StreamConverter
+from claude_proxy.conversion.tool_guard import CallReport, ToolGuard
+from claude_proxy.conversion.tool_schemas import OfferedTools
+from claude_proxy.upstream.chat_completions import ChatCompletionsParser
+from tests.conftest import ProxyServer
+from tests.scripted_upstream import Reply, ScriptedUpstream, chunk
+
+DATA = json.loads((Path(__file__).parent / "data" / "tool-calls" / "shapes.json").read_text())
+CASES: list[dict[str, Any]] = DATA["cases"]
+FIXTURE = json.loads((Path(__file__).parent / "data" / "fixtures" /
+                      "claude-code-2.1.332-first-request.json").read_text())["body"]
+CC_TOOLS = {tool["name"]: tool for tool in FIXTURE["tools"]}
+APIS = ("chat", "responses", "messages")
+FINISH = {"chat": {"tool_calls": "tool_calls", "stop": "stop", "length": "length"},
+          "messages": {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}}
+
+
+def tools_of(case: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = case["tools"]
+    if isinstance(tools, list):
+        return [CC_TOOLS[name] for name in tools]
+    return [{"name": name, "description": name, "input_schema": schema}
+            for name, schema in tools.items()]
+
+
+def joined(call: dict[str, Any]) -> str:
+    return "".join(call["fragments"])
+
+
+# ------------------------------------------------------------------ the three wires
+
+
+def chat_reply(case: dict[str, Any], stream: bool) -> Reply:
+    if not stream:
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function",
+             "function": {"name": call["name"], "arguments": joined(call)}}
+            for call in case["calls"]]}
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": message,
+                             "finish_reason": FINISH["chat"][case["finish"]]}]}
+        return Reply(body=body)
+    frames = case.get("chunks") or [
+        {"index": index, **({"id": call["id"], "type": "function",
+                             "function": {"name": call["name"], "arguments": piece}}
+                            if at == 0 else {"function": {"arguments": piece}})}
+        for index, call in enumerate(case["calls"])
+        for at, piece in enumerate(call["fragments"] or [""])]
+    events: list[str | dict[str, Any]] = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"tool_calls": [frame]}) for frame in frames]
+    events.append(chunk({}, FINISH["chat"][case["finish"]]))
+    return Reply(events=events)
+
+
+def responses_reply(case: dict[str, Any], stream: bool) -> Reply:
+    items = [{"type": "function_call", "id": f"fc_{index}", "call_id": call["id"],
+              "name": call["name"], "arguments": joined(call), "status": "completed"}
+             for index, call in enumerate(case["calls"])]
+    cut = case["finish"] == "length"
+    response = {"id": "resp_1", "object": "response", "model": "m", "output": items,
+                "status": "incomplete" if cut else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if cut else None}
+    if not stream:
+        return Reply(body=response)
+    events: list[str | dict[str, Any]] = [
+        {"type": "response.created", "response": {**response, "output": [],
+                                                  "status": "in_progress"}}]
+    for index, (item, call) in enumerate(zip(items, case["calls"], strict=True)):
+        events.append({"type": "response.output_item.added", "output_index": index,
+                       "item": {**item, "arguments": "", "status": "in_progress"}})
+        if case.get("terminal_only"):
+            events.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                           "output_index": index, "arguments": item["arguments"]})
+        else:
+            events += [{"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                        "output_index": index, "delta": piece} for piece in call["fragments"]]
+        events.append({"type": "response.output_item.done", "output_index": index,
+                       "item": item})
+    events.append({"type": "response.incomplete" if cut else "response.completed",
+                   "response": response})
+    return Reply(events=events, named=True, done=False)
+
+
+def messages_reply(case: dict[str, Any], stream: bool) -> Reply:
+    reason = FINISH["messages"][case["finish"]]
+    usage = {"input_tokens": 10, "output_tokens": 5}
+    if not stream:
+        content = [{"type": "tool_use", "id": call["id"], "name": call["name"],
+                    "input": json.loads(joined(call))} for call in case["calls"]]
+        return Reply(body={"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                           "content": content, "stop_reason": reason, "stop_sequence": None,
+                           "usage": usage})
+    events: list[str | dict[str, Any]] = [{"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": usage}}]
+    for index, call in enumerate(case["calls"]):
+        events.append({"type": "content_block_start", "index": index, "content_block": {
+            "type": "tool_use", "id": call["id"], "name": call["name"], "input": {}}})
+        events += [{"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": piece}}
+                   for piece in call["fragments"]]
+        events.append({"type": "content_block_stop", "index": index})
+    events += [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+                "usage": usage}, {"type": "message_stop"}]
+    return Reply(events=events, named=True, done=False)
+
+
+REPLIES = {"chat": chat_reply, "responses": responses_reply, "messages": messages_reply}
+
+
+def replayable(case: dict[str, Any], api: str, stream: bool) -> bool:
+    if api not in case.get("apis", APIS):
+        return False
+    if stream:
+        return True
+    if case["shape"] == "A1":
+        return False  # a shape of streams only
+    if api == "messages":  # a whole Message's input is JSON
+        return all(parses(joined(call)) for call in case["calls"])
+    return True
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ the client's side
+
+
+@pytest.fixture(scope="module")
+def proxies(proxy_factory: Callable[..., ProxyServer],
+            upstream: ScriptedUpstream) -> dict[str, ProxyServer]:
+    return {"chat": proxy_factory(),
+            "responses": proxy_factory(middle_model="gpt-5.5"),
+            "messages": proxy_factory(upstream_api="messages", openai_base_url=upstream.root_url,
+                                      provider="generic")}
+
+
+def request(case: dict[str, Any], stream: bool) -> dict[str, Any]:
+    return {"model": "claude-sonnet-4-6", "max_tokens": 1024, "stream": stream,
+            "tools": tools_of(case), "messages": [{"role": "user", "content": "go"}]}
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    for line in response.text.splitlines():
+        if line.startswith("data: "):
+            yield json.loads(line[6:])
+
+
+def streamed_calls(proxy: ProxyServer, body: dict[str, Any]
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The tool_use blocks as the client assembles them (name, id, input_json text), and
+    every event."""
+    response = httpx.post(proxy.url + "/v1/messages", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    events = list(sse_events(response))
+    calls: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
+            block = event["content_block"]
+            calls[event["index"]] = {"name": block["name"], "id": block["id"], "arguments": ""}
+        elif event["type"] == "content_block_delta" and (
+                event["delta"]["type"] == "input_json_delta"):
+            calls[event["index"]]["arguments"] += event["delta"]["partial_json"]
+    return [calls[index] for index in sorted(calls)], events
+
+
+def cases_for(stream: bool) -> list[Any]:
+    return [pytest.param(case, api, id=f"{api}-{case['name']}") for case in CASES
+            for api in APIS if replayable(case, api, stream)]
+
+
+@pytest.mark.parametrize(("case", "api"), cases_for(stream=True))
+def test_a_recorded_shape_streamed(case: dict[str, Any], api: str,
+                                   proxies: dict[str, ProxyServer],
+                                   upstream: ScriptedUpstream) -> None:
+    upstream.queue(REPLIES[api](case, True))
+    calls, events = streamed_calls(proxies[api], request(case, stream=True))
+    assert [{"name": c["name"], "arguments": c["arguments"]} for c in calls] == case["expected"]
+    deltas = [e for e in events if e["type"] == "content_block_delta"
+              and e["delta"]["type"] == "input_json_delta"]
+    assert len(deltas) == sum(1 for c in case["expected"] if c["arguments"])
+    upstream_ids = {call["id"] for call in case["calls"]}
+    fresh = case.get("fresh_id", [False] * len(calls))
+    assert [call["id"] not in upstream_ids for call in calls] == fresh
+    assert len({call["id"] for call in calls}) == len(calls)
+    stop = next(e for e in events if e["type"] == "message_delta")["delta"]["stop_reason"]
+    assert stop == ("max_tokens" if case["finish"] == "length" else "tool_use")
+
+
+@pytest.mark.parametrize(("case", "api"), cases_for(stream=False))
+def test_a_recorded_shape_not_streamed(case: dict[str, Any], api: str,
+                                       proxies: dict[str, ProxyServer],
+                                       upstream: ScriptedUpstream) -> None:
+    upstream.queue(REPLIES[api](case, False))
+    response = httpx.post(proxies[api].url + "/v1/messages", json=request(case, stream=False),
+                          timeout=30)
+    assert response.status_code == 200, response.text
+    uses = [block for block in response.json()["content"] if block["type"] == "tool_use"]
+    # A whole Message carries each input as an object: one that is not JSON cannot be sent
+    # as it came, and is `{}` there (a streaming client gets the bytes; docs/tool-calls.md).
+    assert [(use["name"], use["input"]) for use in uses] == [
+        (call["name"], json.loads(call["arguments"]) if parses(call["arguments"]) else {})
+        for call in case["expected"]]
+
+
+# ------------------------------------------------------------------ the guard on its own
+
+
+def unsigned(thinking: str, opaque: list[dict[str, Any]] = [], /) -> str:  # noqa: B006
+    return ""
+
+
+def guarded(frames: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+            finish: str = "tool_calls", mode: GuardMode = "repair", max_hold: int = 1 << 22,
+            finish_apart: bool = True) -> tuple[list[tuple[str, str]], list[CallReport]]:
+    """Chat Completions tool_calls frames through the parser, the guard and the blocks: the
+    calls as a streaming client reads them (name, input_json text), and the guard's reports."""
+    reports: list[CallReport] = []
+    guard = ToolGuard(OfferedTools.of_request({"tools": tools}), reports.append, mode=mode,
+                      max_hold=max_hold)
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
+                                parser=ChatCompletionsParser(), guard=guard)
+    events = converter.start()
+    chunks = [chunk({"tool_calls": [frame]}) for frame in frames]
+    if finish_apart or not chunks:
+        chunks.append(chunk({}, finish))
+    else:
+        chunks[-1]["choices"][0]["finish_reason"] = finish
+    for each in chunks:
+        events += converter.feed(each)
+    events += converter.finish()
+    return client_calls(events), reports
+
+
+def client_calls(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    names: dict[int, str] = {}
+    texts: dict[int, str] = {}
+    for event in events:
+        if event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
+            names[event["index"]] = event["content_block"]["name"]
+            texts[event["index"]] = ""
+        elif event["type"] == "content_block_delta" and (
+                event["delta"]["type"] == "input_json_delta"):
+            texts[event["index"]] += event["delta"]["partial_json"]
+    return [(names[index], texts[index]) for index in sorted(names)]
+
+
+def frames_of(calls: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
+    """Frames of calls given as (id, name, fragments), one call after the other."""
+    return [{"index": index, **({"id": call_id, "function": {"name": name, "arguments": piece}}
+                                if at == 0 else {"function": {"arguments": piece}})}
+            for index, (call_id, name, pieces) in enumerate(calls)
+            for at, piece in enumerate(pieces or [""])]
+
+
+def expected_calls(case: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(call["name"], call["arguments"]) for call in case["expected"]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
+def test_what_the_guard_says_of_each_shape(case: dict[str, Any]) -> None:
+    """The outcome of each upstream call, and for a repair: the result validates by the
+    oracle (another draft 2020-12 implementation) and the original did not."""
+    frames = frames_of([(c["id"], c["name"], c["fragments"]) for c in case["calls"]])
+    calls, reports = guarded(frames, tools_of(case), finish=FINISH["chat"][case["finish"]])
+    assert calls == expected_calls(case)
+    assert [report.outcome for report in reports] == case["outcomes"]
+    schemas = {tool["name"]: tool["input_schema"] for tool in tools_of(case)}
+    for report in reports:
+        assert_honest(report, schemas)
+
+
+def assert_honest(report: CallReport, schemas: dict[str, Any]) -> None:
+    """What a report says holds by the oracle: a repair's every part validates and its
+    original did not; a valid call validates; nothing else was sent changed."""
+    schema = schemas.get(report.name or report.tool)
+    if report.outcome == "repaired" and report.sent:
+        oracle = jsonschema_rs.validator_for(schema)
+        assert all(oracle.is_valid(json.loads(sent)) for sent in report.sent)
+        if parses(report.original) and not report.kinds[0].startswith(("S", "R8")):
+            assert not oracle.is_valid(json.loads(report.original))
+    elif report.outcome == "valid":
+        assert jsonschema_rs.validator_for(schema).is_valid(json.loads(report.original))
+    if report.outcome not in ("repaired", "dropped"):
+        assert report.sent == ()
+
+
+# ------------------------------------------------------------------ properties
+
+PROPERTY = settings(max_examples=60, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+SPLITTABLE = [case for case in CASES if case["shape"] != "A1" and "chunks" not in case]
+
+
+def cut(text: str, points: list[int]) -> list[str]:
+    marks = sorted({point % (len(text) + 1) for point in points})
+    return [text[start:end] for start, end in zip([0, *marks], [*marks, len(text)],
+                                                  strict=True)]
+
+
+@PROPERTY
+@given(case=st.sampled_from(SPLITTABLE), points=st.lists(st.integers(0, 10_000), max_size=8),
+       finish_apart=st.booleans())
+def test_any_split_of_the_arguments_gives_the_same_calls(
+        case: dict[str, Any], points: list[int], finish_apart: bool) -> None:
+    calls = [(c["id"], c["name"], cut(joined(c), points)) for c in case["calls"]]
+    assert guarded(frames_of(calls), tools_of(case), finish=FINISH["chat"][case["finish"]],
+                   finish_apart=finish_apart)[0] == expected_calls(case)
+
+
+INTERLEAVABLE = [case for case in SPLITTABLE if len(case["calls"]) == 1
+                 and case["finish"] == "tool_calls" and "apis" not in case]
+
+
+@PROPERTY
+@given(data=st.data())
+def test_any_interleaving_of_parallel_calls_gives_the_same_calls(data: st.DataObject) -> None:
+    """Calls of several shapes at once, each under its own index and id, their fragments
+    interleaved in any order (each call's own order kept, and the calls begun in order)."""
+    picked = data.draw(st.lists(st.sampled_from(INTERLEAVABLE), min_size=2, max_size=4))
+    tools = {tool["name"]: tool for case in picked for tool in tools_of(case)}
+    pending = []
+    for index, case in enumerate(picked):
+        call = case["calls"][0]
+        pieces = cut(joined(call), data.draw(st.lists(st.integers(0, 10_000), max_size=4)))
+        frames = [{"index": index, "id": f"call_{index}",
+                   "function": {"name": call["name"], "arguments": pieces[0]}}]
+        frames += [{"index": index, "function": {"arguments": piece}} for piece in pieces[1:]]
+        pending.append(frames)
+    order: list[dict[str, Any]] = []
+    begun = 0
+    while any(pending):
+        choices = [i for i, frames in enumerate(pending) if frames and i <= begun]
+        chosen = data.draw(st.sampled_from(choices))
+        order.append(pending[chosen].pop(0))
+        begun = max(begun, chosen + 1)
+    calls, _ = guarded(order, list(tools.values()))
+    assert calls == [call for case in picked for call in expected_calls(case)]
+
+
+BASH = CC_TOOLS["Bash"]["input_schema"]
+READ = CC_TOOLS["Read"]["input_schema"]
+TODO_SCHEMA = CASES[[c["name"] for c in CASES].index("B5-todos-as-a-string")]["tools"]["TodoWrite"]
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
+VALID = {
+    "Bash": st.fixed_dictionaries({"command": TEXT}, optional={
+        "timeout": st.integers(0, 600_000), "description": TEXT,
+        "run_in_background": st.booleans()}),
+    "Read": st.fixed_dictionaries({"file_path": TEXT}, optional={
+        "offset": st.integers(0, 10_000), "limit": st.integers(1, 2000), "pages": TEXT}),
+    "TodoWrite": st.fixed_dictionaries({"todos": st.lists(st.fixed_dictionaries({
+        "content": TEXT, "status": st.sampled_from(["pending", "in_progress", "completed"]),
+        "activeForm": TEXT}), max_size=3)}),
+}
+SCHEMAS = {"Bash": BASH, "Read": READ, "TodoWrite": TODO_SCHEMA}
+TOOLS = [CC_TOOLS["Bash"], CC_TOOLS["Read"],
+         {"name": "TodoWrite", "description": "todos", "input_schema": TODO_SCHEMA}]
+
+
+def written(value: Any, style: int) -> str:
+    """JSON as different writers write it (spacing, escaping, key order)."""
+    if style == 0:
+        return json.dumps(value)
+    if style == 1:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if style == 2:
+        return json.dumps(value, indent=1, sort_keys=True)
+    return " " + json.dumps(value, ensure_ascii=False) + "\n"
+
+
+@PROPERTY
+@given(data=st.data(), style=st.integers(0, 3), points=st.lists(st.integers(0, 10_000),
+                                                                max_size=5))
+def test_a_valid_call_goes_out_byte_for_byte(data: st.DataObject, style: int,
+                                             points: list[int]) -> None:
+    name = data.draw(st.sampled_from(sorted(VALID)))
+    text = written(data.draw(VALID[name]), style)
+    calls, reports = guarded(frames_of([("call_1", name, cut(text, points))]), TOOLS)
+    assert calls == [(name, text)]
+    assert [report.outcome for report in reports] == ["valid"]
+
+
+def broken(value: dict[str, Any], how: str) -> str:
+    """A valid value as models break it (the reference note's B shapes)."""
+    if how == "python":
+        return repr(value)
+    if how == "double_encoded":
+        return json.dumps(json.dumps(value))
+    if how == "wrapped":
+        return json.dumps({"arguments": value})
+    if how == "fenced":
+        return "```json\n" + json.dumps(value) + "\n```"
+    strung = {key: json.dumps(item) if not isinstance(item, str) else item
+              for key, item in value.items()}
+    return json.dumps(strung)
+
+
+@PROPERTY
+@given(data=st.data(), how=st.sampled_from(["python", "double_encoded", "wrapped", "fenced",
+                                            "strung"]))
+def test_every_repair_validates_and_its_original_did_not(data: st.DataObject,
+                                                          how: str) -> None:
+    name = data.draw(st.sampled_from(sorted(VALID)))
+    value = data.draw(VALID[name])
+    text = broken(value, how)
+    calls, reports = guarded(frames_of([("call_1", name, [text])]), TOOLS)
+    (report,) = reports
+    assert report.outcome in ("valid", "repaired", "invalid")
+    oracle = jsonschema_rs.validator_for(SCHEMAS[name])
+    (_, sent), = calls
+    if report.outcome == "repaired":
+        assert oracle.is_valid(json.loads(sent)) and json.loads(sent) == value
+        assert not (parses(text) and oracle.is_valid(json.loads(text)))
+    else:  # as it came, byte for byte
+        assert sent == text
+        assert report.outcome != "valid" or oracle.is_valid(json.loads(text))
+
+
+@PROPERTY
+@given(data=st.data(), at=st.integers(1, 10_000))
+def test_a_truncated_call_is_never_repaired(data: st.DataObject, at: int) -> None:
+    """Cut anywhere by the output limit, a call goes out exactly as far as it came (it may
+    validate as far as it came: then it was whole)."""
+    name = data.draw(st.sampled_from(sorted(VALID)))
+    text = written(data.draw(VALID[name]), 0)
+    part = text[:at % len(text)]
+    calls, reports = guarded(frames_of([("call_1", name, [part])]), TOOLS, finish="length")
+    assert calls == [(name, part or "{}")]
+    assert reports[0].outcome in ("invalid", "valid")
+    assert reports[0].sent == ()
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_call_ending_inside_a_string_is_never_completed(data: st.DataObject) -> None:
+    command = data.draw(TEXT.filter(lambda text: json.dumps(text)[:-1]))
+    part = json.dumps({"command": command, "description": "d"})
+    part = part[:part.index('"description"') - 3]  # inside the command's string
+    calls, reports = guarded(frames_of([("call_1", "Bash", [part])]), TOOLS)
+    assert calls == [("Bash", part)]
+    assert reports[0].outcome == "invalid"
