@@ -8,6 +8,7 @@ holding, the report (log line, metrics, inspector)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,17 @@ import jsonschema_rs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.trace import SpanKind
 
 from claude_proxy.config.settings import GuardMode
+from claude_proxy.conversion import response_converter
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.conversion.tool_guard import CallReport, ToolGuard
 from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.upstream.chat_completions import ChatCompletionsParser
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk
+from tests.test_telemetry import Traced, by_kind, traced  # noqa: F401 (a fixture)
 
 DATA = json.loads((Path(__file__).parent / "data" / "tool-calls" / "shapes.json").read_text())
 CASES: list[dict[str, Any]] = DATA["cases"]
@@ -465,3 +469,192 @@ def test_a_call_ending_inside_a_string_is_never_completed(data: st.DataObject) -
     calls, reports = guarded(frames_of([("call_1", "Bash", [part])]), TOOLS)
     assert calls == [("Bash", part)]
     assert reports[0].outcome == "invalid"
+
+
+# ------------------------------------------------------------------ invariants by hand
+
+
+def test_no_schema_or_an_unknown_keyword_means_no_repair() -> None:
+    strung = '{"count": "5"}'
+    for schema in ({"type": "object", "properties": {"count": {"type": "integer"}},
+                    "x-vendor-rule": True},
+                   {"type": "object", "properties": {"count": {"$dynamicRef": "#meta"}}},
+                   None):
+        tool = {"name": "count", "description": "d", "input_schema": schema}
+        calls, reports = guarded(frames_of([("call_1", "count", [strung])]), [tool])
+        assert calls == [("count", strung)]
+        assert [report.outcome for report in reports] == ["unchecked"]
+    known = {"name": "count", "description": "d", "input_schema": {
+        "type": "object", "properties": {"count": {"type": "integer"}}}}
+    assert guarded(frames_of([("call_1", "count", [strung])]), [known])[0] == [
+        ("count", '{"count":5}')]
+
+
+def test_a_deferred_tool_not_loaded_is_not_offered() -> None:
+    deferred = {**CC_TOOLS["Read"], "defer_loading": True}
+    offered = OfferedTools.of_request({"tools": [deferred], "messages": []})
+    assert offered.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "unchecked"
+    loaded = OfferedTools.of_request({"tools": [deferred], "messages": [
+        {"role": "user", "content": [{"type": "tool_reference", "tool_name": "Read"}]}]})
+    assert loaded.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
+
+
+def test_the_accept_callable_of_the_markup_parsers() -> None:
+    offered = OfferedTools({"Bash": BASH})
+    assert offered.accept("Bash", {"command": "ls"}) == {"command": "ls"}
+    assert offered.accept("Bash", {"command": "ls", "timeout": "50"}) == {
+        "command": "ls", "timeout": 50}
+    assert offered.accept("Bash", '{"command": "ls"}') == {"command": "ls"}
+    assert offered.accept("Bash", {"cmd": "ls"}) is None
+    assert offered.accept("Grep", {"pattern": "x"}) is None
+
+
+def test_text_and_reasoning_around_calls_keep_their_order() -> None:
+    """Other content closes the held calls first; whitespace between calls stays behind them."""
+    reports: list[CallReport] = []
+    guard = ToolGuard(OfferedTools.of_request({"tools": TOOLS}), reports.append)
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
+                                parser=ChatCompletionsParser(), guard=guard)
+    events = converter.start()
+    for delta in ({"content": "Reading."},
+                  {"tool_calls": [{"index": 0, "id": "a", "function": {
+                      "name": "Read", "arguments": "{'file_path': '/a'}"}}]},
+                  {"content": "\n\n"},
+                  {"tool_calls": [{"index": 1, "id": "b", "function": {
+                      "name": "Bash", "arguments": '{"command": "ls"}'}}]},
+                  {"reasoning_content": "now the rest"},
+                  {"content": "Done."}):
+        events += converter.feed(chunk(delta))
+    events += converter.feed(chunk({}, "tool_calls")) + converter.finish()
+    starts = [event["content_block"]["type"] for event in events
+              if event["type"] == "content_block_start"]
+    assert starts == ["text", "tool_use", "tool_use", "thinking", "text"]
+    assert client_calls(events) == [("Read", '{"file_path":"/a"}'),
+                                    ("Bash", '{"command": "ls"}')]
+
+
+def test_a_piece_after_the_finish_is_left_out() -> None:
+    """OpenRouter's second finish chunk repeating the arguments (A2): the call went out."""
+    frames = frames_of([("call_1", "Bash", ['{"command": "ls"}'])])
+    reports: list[CallReport] = []
+    guard = ToolGuard(OfferedTools.of_request({"tools": TOOLS}), reports.append)
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
+                                parser=ChatCompletionsParser(), guard=guard)
+    events = converter.start() + converter.feed(chunk({"tool_calls": frames}, "tool_calls"))
+    events += converter.feed(chunk({"tool_calls": [{"index": 0, "function": {
+        "arguments": '{"command": "ls"}'}}]}, "tool_calls"))
+    events += converter.finish()
+    assert client_calls(events) == [("Bash", '{"command": "ls"}')]
+    assert [report.outcome for report in reports] == ["valid"]
+
+
+def test_observe_changes_no_byte_and_says_what_it_found() -> None:
+    pieces = ["{'command': ", "'ls'}"]
+    off, _ = guarded(frames_of([("call_1", "Bash", pieces)]), TOOLS, mode="off")
+    observed, reports = guarded(frames_of([("call_1", "Bash", pieces)]), TOOLS, mode="observe")
+    assert observed == off == [("Bash", "{'command': 'ls'}")]
+    assert [(r.outcome, r.kinds) for r in reports] == [("repairable", ("R4:json_repair",))]
+
+
+def test_past_the_hold_limit_a_call_streams_as_it_comes() -> None:
+    pieces = ['{"command": "', "x" * 40, "y" * 40, '"}']
+    calls, reports = guarded(frames_of([("call_1", "Bash", pieces)]), TOOLS, max_hold=50)
+    assert calls == [("Bash", "".join(pieces))]
+    assert [report.outcome for report in reports] == ["overflow"]
+
+
+def test_a_ping_while_a_call_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing goes out while the arguments are held; after HOLD_PING_SECONDS of that, a
+    `ping` event (a fake clock: no test waits)."""
+    now = [1000.0]
+    monkeypatch.setattr(response_converter.time, "monotonic", lambda: now[0])
+    guard = ToolGuard(OfferedTools.of_request({"tools": TOOLS}), lambda report: None)
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
+                                parser=ChatCompletionsParser(), guard=guard)
+    converter.start()
+    first = converter.feed(chunk({"tool_calls": frames_of([("c", "Bash", ['{"command": "'])])}))
+    assert [event["type"] for event in first] == ["content_block_start"]
+    pings = []
+    for _ in range(40):
+        now[0] += 1.0
+        pings += [e["type"] for e in converter.feed(chunk({"tool_calls": [
+            {"index": 0, "function": {"arguments": "x"}}]}))]
+    assert pings == ["ping", "ping"]  # 40 s held: one each 15 s
+    now[0] += 100
+    done = converter.feed(chunk({}, "tool_calls"))
+    assert "ping" not in [event["type"] for event in done]
+
+
+# ------------------------------------------------------------------ what is said of it
+
+
+def test_a_repair_is_logged_counted_and_kept_for_the_inspector(
+        proxies: dict[str, ProxyServer], upstream: ScriptedUpstream,
+        caplog: pytest.LogCaptureFixture) -> None:
+    proxy = proxies["chat"]
+    broken = "{'command': 'ls', 'timeout': '5'}"
+    upstream.queue(Reply(events=[chunk({"tool_calls": frames_of([
+        ("call_1", "Bash", [broken]), ("call_2", "Bash\nforged line", ['{"command": "x"}'])])}),
+        chunk({}, "tool_calls")]))
+    body = {**request({"tools": ["Bash"]}, stream=True)}
+    with caplog.at_level(logging.INFO, logger="claude_proxy.service"):
+        response = httpx.post(proxy.url + "/v1/messages", json=body, timeout=30)
+    assert response.status_code == 200
+    lines = [record.getMessage() for record in caplog.records
+             if record.getMessage().startswith("tool call ")]
+    assert lines == [
+        "tool call provider=openai model=middle-upstream tool='Bash' outcome=repaired "
+        "kinds='R4:json_repair,R7:$.timeout:string->number' bytes=33->28 error='-'",
+        "tool call provider=openai model=middle-upstream tool='Bash\\nforged line' "
+        "outcome=unchecked kinds='' bytes=16->- error='no such tool'"]
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert ('claude_proxy_tool_calls_total{model="middle-upstream",outcome="repaired",'
+            'provider="openai"}') in metrics
+    assert ('claude_proxy_tool_call_repairs_total{kind="R7:string->number",'
+            'model="middle-upstream",provider="openai"} 1.0') in metrics
+    view = httpx.get(f"{proxy.url}/ui/api/requests/{response.headers['request-id']}").json()
+    assert [(call["tool"], call["outcome"], call["original"], call["sent"])
+            for call in view["tool_guard"]] == [
+        ("Bash", "repaired", broken, ['{"command":"ls","timeout":5}']),
+        ("Bash\nforged line", "unchecked", '{"command": "x"}', [])]
+    assert view["row"]["tool_calls"] == {"repaired": 1, "unchecked": 1}
+
+
+def test_the_guard_is_set_per_provider_and_watches_only_for_anthropic() -> None:
+    from claude_proxy.config.settings import ProviderSettings
+    assert ProviderSettings().guard_mode == "repair"
+    anthropic = ProviderSettings(upstream_api="messages",
+                                 openai_base_url="https://api.anthropic.com")
+    assert anthropic.guard_mode == "observe"
+    assert ProviderSettings(openai_base_url="https://api.anthropic.com").guard_mode == "repair"
+    assert ProviderSettings(tool_guard="OFF").guard_mode == "off"
+    with pytest.raises(ValueError, match="tool_guard"):
+        ProviderSettings(tool_guard="fix")
+
+
+def test_tool_guard_off_streams_the_fragments_as_they_come(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    proxy = proxy_factory(tool_guard="off")
+    case = CASES[0]
+    upstream.queue(REPLIES["chat"](case, True))
+    calls, events = streamed_calls(proxy, request(case, stream=True))
+    assert [call["arguments"] for call in calls] == [joined(case["calls"][0])]
+    assert [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"] \
+        == case["calls"][0]["fragments"]
+
+
+def test_a_repair_is_an_event_on_the_attempts_span(traced: Callable[..., Traced],  # noqa: F811
+                                                   upstream: ScriptedUpstream) -> None:
+    proxy = traced()
+    upstream.queue(Reply(events=[chunk({"tool_calls": frames_of([
+        ("call_1", "bash", ["{'command': 'ls'}"])])}), chunk({}, "tool_calls")]))
+    response = httpx.post(proxy.proxy.url + "/v1/messages",
+                          json=request({"tools": ["Bash"]}, stream=True), timeout=30)
+    assert response.status_code == 200
+    (client,) = by_kind(proxy.finished(2), SpanKind.CLIENT)
+    assert [(event.name, dict(event.attributes or {})) for event in client.events] == [
+        ("gen_ai.tool_call.repaired", {"gen_ai.tool.name": "bash",
+                                       "claude_proxy.tool_call.outcome": "repaired",
+                                       "claude_proxy.tool_call.kinds": ("R4:json_repair",
+                                                                        "R8:name"),
+                                       "claude_proxy.tool_call.resolved_name": "Bash"})]
