@@ -122,21 +122,28 @@ class ToolGuard:
         self._spare_key = -1
         self._behind: list[Delta] = []
         """Whitespace that came while calls were held: it goes out after them, as it came."""
+        self._holding = 0
+        """How many calls' arguments are held back from the client now."""
 
     def holding(self) -> bool:
         """Whether arguments are held back from the client now."""
-        return self.repairs and any(not held.streaming for held in self._held.values())
+        return self._holding > 0
 
     def apply(self, deltas: list[Delta]) -> list[Delta]:
-        if not self._held and not any(type(delta) is ToolCall for delta in deltas):
-            return deltas
+        if not self._held:
+            for delta in deltas:
+                if type(delta) is ToolCall:
+                    break
+            else:
+                return deltas  # no call held, none begun: as they came
         out: list[Delta] = []
         for delta in deltas:
-            if isinstance(delta, ToolCall):
-                self._piece(delta, out)
-            elif isinstance(delta, Text) and delta.text.isspace():
+            kind = type(delta)
+            if kind is ToolCall:
+                self._piece(delta, out)  # type: ignore[arg-type]
+            elif kind is Text and delta.text.isspace():  # type: ignore[union-attr]
                 (self._behind if self._held else out).append(delta)
-            elif isinstance(delta, Usage | UpstreamFailure):
+            elif kind is Usage or kind is UpstreamFailure:
                 out.append(delta)
             else:
                 if isinstance(delta, Finish):
@@ -156,11 +163,19 @@ class ToolGuard:
 
     def _piece(self, piece: ToolCall, out: list[Delta]) -> None:
         held = self._held.get(piece.key)
+        if held is not None and held.started and not (
+                held.streaming or piece.id or piece.name or piece.last):
+            if piece.arguments:  # the usual fragment: only kept
+                held.add(piece.arguments)
+                if held.size > self.max_hold:
+                    self._overflow(held, out)
+            return
         if held is None:
             if piece.key in self._done:
                 self._late(piece, out)
                 return
             held = self._held[piece.key] = _Held(piece.key, piece.id, piece.name)
+            self._holding += self.repairs
             if self._first_key is None:
                 self._first_key = piece.key
         else:
@@ -168,8 +183,8 @@ class ToolGuard:
             held.name = held.name or piece.name
         if not self.repairs or held.streaming:
             out.append(piece)  # as it came: observed only, or past the hold limit
-        elif not held.started and held.key == self._first_key and held.name in (
-                self.offered.schemas):
+        elif not held.started and held.key == self._first_key and self.offered.offers(
+                held.name):
             held.started = True
             out.append(ToolCall(held.key, id=held.upstream_id, name=held.name))
         if piece.arguments and not held.streaming:
@@ -183,6 +198,7 @@ class ToolGuard:
     def _overflow(self, held: _Held, out: list[Delta]) -> None:
         """Past the hold limit: what is held goes out, the rest as it comes, unchecked."""
         held.streaming = True
+        self._holding -= self.repairs
         if self.repairs:
             start = ("", "") if held.started else (held.upstream_id, held.name)
             out.append(ToolCall(held.key, *start, arguments=held.text()))
@@ -221,6 +237,7 @@ class ToolGuard:
     def _settle(self, held: _Held, out: list[Delta]) -> None:
         del self._held[held.key]
         self._done.add(held.key)
+        self._holding -= self.repairs and not held.streaming
         if held.streaming:
             if self.repairs:
                 out.append(ToolCall(held.key, last=True))
