@@ -69,9 +69,11 @@ class StreamConverter(BlockMachine):
         While the guard holds a call back, a `ping` event every HOLD_PING_SECONDS of output
         silence keeps the client's idle watchdog quiet."""
         guard = self.guard
-        if guard is None:
-            return self.apply(self.parser.parse(chunk))
-        events = self.apply(guard.apply(self.parser.parse(chunk)))
+        deltas = self.parser.parse(chunk)
+        if guard is None or not guard.engaged(deltas):
+            self._quiet_since = None
+            return self.apply(deltas)
+        events = self.apply(guard.apply(deltas))
         if events or not guard.holding():
             self._quiet_since = None
         elif self._quiet_since is None:
@@ -93,7 +95,7 @@ class StreamConverter(BlockMachine):
 
     def _flushed(self, *, failed: bool = False) -> list[Delta]:
         deltas = self.parser.flush()
-        if self.guard is None:
+        if self.guard is None or not self.guard.engaged(deltas):
             return deltas
         return self.guard.apply(deltas) + self.guard.flush(failed=failed)
 

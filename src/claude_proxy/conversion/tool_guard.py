@@ -113,10 +113,11 @@ class ToolGuard:
         self.report = report
         self.repairs = mode == "repair"
         self.max_hold = max_hold
-        self._held: dict[int, _Held] = {}
+        self.held: dict[int, _Held] = {}
+        """The calls collected now, by key, in the order they began."""
         self._done: set[int] = set()
-        self._sent: list[tuple[str, str, Any]] = []
-        """(upstream id, name, arguments) of each call sent, for S5."""
+        self._sent: list[tuple[str, str, str]] = []
+        """(upstream id, name, argument text) of each call sent, for S5."""
         self._first_key: int | None = None
         self._truncated = False
         self._spare_key = -1
@@ -125,24 +126,24 @@ class ToolGuard:
         self._holding = 0
         """How many calls' arguments are held back from the client now."""
 
+    def engaged(self, deltas: list[Delta]) -> bool:
+        """Whether the guard has anything to do with these deltas: a call is held, or one
+        begins (a text answer passes by at the cost of this test)."""
+        return bool(self.held) or ToolCall in map(type, deltas)
+
     def holding(self) -> bool:
         """Whether arguments are held back from the client now."""
         return self._holding > 0
 
     def apply(self, deltas: list[Delta]) -> list[Delta]:
-        if not self._held:
-            for delta in deltas:
-                if type(delta) is ToolCall:
-                    break
-            else:
-                return deltas  # no call held, none begun: as they came
+        """The deltas as the blocks are to get them (`engaged` says when they may differ)."""
         out: list[Delta] = []
         for delta in deltas:
             kind = type(delta)
             if kind is ToolCall:
                 self._piece(delta, out)  # type: ignore[arg-type]
             elif kind is Text and delta.text.isspace():  # type: ignore[union-attr]
-                (self._behind if self._held else out).append(delta)
+                (self._behind if self.held else out).append(delta)
             elif kind is Usage or kind is UpstreamFailure:
                 out.append(delta)
             else:
@@ -162,7 +163,7 @@ class ToolGuard:
     # ------------------------------------------------------------ collecting
 
     def _piece(self, piece: ToolCall, out: list[Delta]) -> None:
-        held = self._held.get(piece.key)
+        held = self.held.get(piece.key)
         if held is not None and held.started and not (
                 held.streaming or piece.id or piece.name or piece.last):
             if piece.arguments:  # the usual fragment: only kept
@@ -174,7 +175,7 @@ class ToolGuard:
             if piece.key in self._done:
                 self._late(piece, out)
                 return
-            held = self._held[piece.key] = _Held(piece.key, piece.id, piece.name)
+            held = self.held[piece.key] = _Held(piece.key, piece.id, piece.name)
             self._holding += self.repairs
             if self._first_key is None:
                 self._first_key = piece.key
@@ -218,24 +219,24 @@ class ToolGuard:
     def _settle_ready(self, out: list[Delta]) -> None:
         """The calls that are closed, in the order they began (a later call never goes
         before an earlier one that is still open)."""
-        for held in list(self._held.values()):
+        for held in list(self.held.values()):
             if not held.closed:
                 return
             self._settle(held, out)
         self._release(out)
 
     def _settle_all(self, out: list[Delta]) -> None:
-        for held in list(self._held.values()):
+        for held in list(self.held.values()):
             self._settle(held, out)
         self._release(out)
 
     def _release(self, out: list[Delta]) -> None:
-        if not self._held and self._behind:
+        if not self.held and self._behind:
             out.extend(self._behind)
             self._behind = []
 
     def _settle(self, held: _Held, out: list[Delta]) -> None:
-        del self._held[held.key]
+        del self.held[held.key]
         self._done.add(held.key)
         self._holding -= self.repairs and not held.streaming
         if held.streaming:
@@ -278,9 +279,8 @@ class ToolGuard:
             self._remember(held, parts)
             return parts, report
         name, arguments = parts[0]
-        value = _value(arguments)
         same_id = [sent for sent in self._sent if sent[0] == held.upstream_id]
-        if any(sent[1:] == (name, value) for sent in same_id):
+        if any(sent[1] == name and _value(sent[2]) == _value(arguments) for sent in same_id):
             return [], CallReport(held.name, "dropped", ("S5:duplicate",),
                                   original=held.text())
         self._remember(held, parts)
@@ -292,8 +292,7 @@ class ToolGuard:
         return parts, report
 
     def _remember(self, held: _Held, parts: list[Part]) -> None:
-        for name, arguments in parts:
-            self._sent.append((held.upstream_id, name, _value(arguments)))
+        self._sent.extend((held.upstream_id, name, arguments) for name, arguments in parts)
 
     # ------------------------------------------------------------ the verdict
 

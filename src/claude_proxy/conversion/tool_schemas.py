@@ -141,6 +141,7 @@ class RequestSchemas(Mapping[str, Any]):
         self._body = body
         self._loaded: set[str] | None = None
         self._all: dict[str, Any] | None = None
+        self._found: dict[str, Any] = {}
 
     def _offered(self, tool: Any) -> bool:
         if not isinstance(tool, dict) or is_server_tool(tool) or not isinstance(
@@ -153,9 +154,12 @@ class RequestSchemas(Mapping[str, Any]):
         return tool["name"] in self._loaded
 
     def __getitem__(self, name: str) -> Any:
+        if name in self._found:
+            return self._found[name]
         for tool in self._body.get("tools") or ():
             if isinstance(tool, dict) and tool.get("name") == name and self._offered(tool):
-                return tool.get("input_schema")
+                self._found[name] = tool.get("input_schema")
+                return self._found[name]
         raise KeyError(name)
 
     def _every(self) -> dict[str, Any]:
