@@ -356,7 +356,7 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             results["count_tokens"] = count_tokens.results(workdir)
         if "tool_calls" in names:
             log("[tool_calls]")
-            results["tool_calls"] = tool_calls.results()
+            results["tool_calls"] = tool_calls.results(args.scale)
         document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
         if args.compare_workers:
             log("[compare workers]")

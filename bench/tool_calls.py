@@ -81,14 +81,15 @@ def respond(body: dict[str, Any], chunks: list[Chunk], guarded: bool) -> bytes:
     return b"".join(frames)
 
 
-def per_response_us(work: Callable[[], object], rounds: int = 9) -> float:
-    """The best of `rounds` timed batches (the least disturbed by the machine's load)."""
+def per_response_us(work: Callable[[], object], rounds: int = 9, batch: float = 0.05) -> float:
+    """The best of `rounds` timed batches of about `batch` seconds (the least disturbed by
+    the machine's load)."""
     number = 1
     while True:
         started = time.perf_counter()
         for _ in range(number):
             work()
-        if time.perf_counter() - started > 0.05:
+        if time.perf_counter() - started > batch:
             break
         number *= 2
     best = float("inf")
@@ -100,17 +101,19 @@ def per_response_us(work: Callable[[], object], rounds: int = 9) -> float:
     return best
 
 
-def results() -> dict[str, dict[str, float]]:
+def results(scale: float = 1.0) -> dict[str, dict[str, float]]:
+    """`scale` below 1 (the smoke test's 0.05) times fewer and shorter batches."""
     body = json.loads(FIXTURE.read_text())["body"]
+    turns, batch = max(1, round(5 * scale)), max(0.002, 0.05 * scale)
     measured = {}
     for name, chunks in CASES.items():
         respond(body, chunks, True)  # the validators compiled once, as in a running proxy
         off, on = float("inf"), float("inf")
-        for _ in range(5):  # taking turns, so that the machine's load falls on both alike
+        for _ in range(turns):  # taking turns, so that the machine's load falls on both alike
             off = min(off, per_response_us(lambda chunks=chunks: respond(body, chunks, False),
-                                           rounds=3))
+                                           rounds=3, batch=batch))
             on = min(on, per_response_us(lambda chunks=chunks: respond(body, chunks, True),
-                                         rounds=3))
+                                         rounds=3, batch=batch))
         measured[name] = {"off_us": round(off, 1), "repair_us": round(on, 1),
                           "added_us": round(on - off, 1)}
     return measured
