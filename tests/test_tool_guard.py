@@ -27,7 +27,7 @@ from claude_proxy.conversion.tool_guard import CallReport, ToolGuard
 from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.upstream.chat_completions import ChatCompletionsParser
 from tests.conftest import ProxyServer
-from tests.scripted_upstream import Reply, ScriptedUpstream, chunk
+from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
 from tests.test_telemetry import Traced, by_kind, traced  # noqa: F401 (a fixture)
 
 DATA = json.loads((Path(__file__).parent / "data" / "tool-calls" / "shapes.json").read_text())
@@ -664,3 +664,50 @@ def test_a_repair_is_an_event_on_the_attempts_span(traced: Callable[..., Traced]
                                        "claude_proxy.tool_call.kinds": ("R4:json_repair",
                                                                         "R8:name"),
                                        "claude_proxy.tool_call.resolved_name": "Bash"})]
+
+
+# ------------------------------------------------------------------ re-ask
+
+
+def test_reask_gives_a_whole_reply_one_more_chance(proxy_factory: Callable[..., ProxyServer],
+                                                  upstream: ScriptedUpstream) -> None:
+    """TOOL_GUARD_REASK: a non-streamed reply whose only call nothing could repair is asked
+    for once more, with the error as the call's result; what the second answer says is the
+    answer (and both were paid for)."""
+    proxy = proxy_factory(tool_guard_reask=True)
+    bad = '{"command": "ls", "cwd": "/tmp"}'
+    first = {"content": None, "tool_calls": [{"id": "call_bad", "type": "function",
+                                              "function": {"name": "Bash", "arguments": bad}}]}
+    second = {"content": None, "tool_calls": [{"id": "call_ok", "type": "function", "function": {
+        "name": "Bash", "arguments": '{"command": "cd /tmp && ls"}'}}]}
+    usage = {"prompt_tokens": 100, "completion_tokens": 10}
+    upstream.queue(completion(first, "tool_calls", usage), completion(second, "tool_calls", usage))
+    response = httpx.post(proxy.url + "/v1/messages", json=request({"tools": ["Bash"]}, False),
+                          timeout=30)
+    message = response.json()
+    assert [(b["id"], b["input"]) for b in message["content"] if b["type"] == "tool_use"] == [
+        ("call_ok", {"command": "cd /tmp && ls"})]
+    assert (message["usage"]["input_tokens"], message["usage"]["output_tokens"]) == (200, 20)
+    again = upstream.requests[1]["messages"]
+    assert again[-2]["tool_calls"][0]["id"] == "call_bad"
+    assert again[-1]["role"] == "tool" and again[-1]["tool_call_id"] == "call_bad"
+    assert again[-1]["content"] == (  # how the proxy sends any tool error upstream
+        "Error: <tool_use_error>InputValidationError: Bash failed due to the following issue: "
+        "$: Additional properties are not allowed ('cwd' was unexpected)\nYou sent: "
+        f"{bad}</tool_use_error>")
+    assert len(upstream.requests) == 2
+
+
+def test_no_reask_by_default_nor_for_a_cut_call(proxy_factory: Callable[..., ProxyServer],
+                                                upstream: ScriptedUpstream) -> None:
+    bad = {"content": None, "tool_calls": [{"id": "call_bad", "type": "function", "function": {
+        "name": "Bash", "arguments": '{"command": "ls", "cwd": "/tmp"}'}}]}
+    cut = {"content": None, "tool_calls": [{"id": "call_cut", "type": "function", "function": {
+        "name": "Bash", "arguments": '{"command": "rm -rf /tmp/bu'}}]}
+    for proxy, reply, finish in ((proxy_factory(), bad, "tool_calls"),
+                                 (proxy_factory(tool_guard_reask=True), cut, "length")):
+        upstream.reset()
+        upstream.queue(completion(reply, finish))
+        response = httpx.post(proxy.url + "/v1/messages",
+                              json=request({"tools": ["Bash"]}, False), timeout=30)
+        assert response.status_code == 200 and len(upstream.requests) == 1

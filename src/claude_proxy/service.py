@@ -27,7 +27,7 @@ from claude_proxy.conversion.response_converter import (
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
-from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard
+from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard, reask_body
 from claude_proxy.conversion.tool_schemas import OfferedTools, metric_kind
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
@@ -541,14 +541,33 @@ class MessagesService:
             return api_of(upstream).send_once(provider.client, upstream)
 
         attempt, answer = await self.routed(body, send, session, raw)
+        message, reasoning = await self._whole(body, attempt, answer)
+        usage = message["usage"]
+        record = current_record()
+        retry = reask_body(body, message, record.tool_calls) if self.settings_of(
+            attempt.provider).tool_guard_reask else None
+        if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
+            mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+            attempt, answer = await self.routed(retry, send, session)
+            message, more = await self._whole(retry, attempt, answer)
+            # Both answers were paid for: the Message says so, as does the spend.
+            usage = message["usage"] = {
+                kind: value + usage.get(kind, 0) if isinstance(value, int) else value
+                for kind, value in message["usage"].items()}
+            reasoning += more
+        record.message = message
+        record_usage(usage, reasoning)
+        self.remember_session(session, record)
+        return message
+
+    async def _whole(self, body: dict[str, Any], attempt: Attempt,
+                     answer: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """A whole upstream answer as a Message, and its reasoning tokens."""
         chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         events = convert_chunks(chunks, converter, end=False)
         message = collect_message(events + await converter.settle() + converter.finish())
-        current_record().message = message
-        record_usage(message["usage"], converter.reasoning_tokens())
-        self.remember_session(session, current_record())
-        return message
+        return message, converter.reasoning_tokens()
 
     async def _create_streamed(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
         """`create` through an upstream stream, read until its end or a stop sequence."""

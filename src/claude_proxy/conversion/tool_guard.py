@@ -370,3 +370,28 @@ def _value(arguments: str) -> Any:
         return orjson.loads(arguments)
     except orjson.JSONDecodeError:
         return arguments
+
+
+REASK_SHOWN = 2048
+"""How much of a call the upstream sent is quoted back to it (as Claude Code quotes it)."""
+
+
+def reask_body(body: dict[str, Any], message: dict[str, Any],
+               calls: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """TOOL_GUARD_REASK: the request that asks the upstream once more, when every tool call
+    of a whole reply was invalid and nothing could repair it (`calls`: what the guard said of
+    them, in order): the reply, then each call's validation error as its result, in Claude
+    Code's words. None when the reply is anything else (a call cut by the output limit is
+    not asked again with the same limit)."""
+    uses = [block for block in message.get("content") or [] if block.get("type") == "tool_use"]
+    if not uses or len(calls) != len(uses) or message.get("stop_reason") == "max_tokens" or any(
+            call["outcome"] != "invalid" or "truncated" in call["kinds"] for call in calls):
+        return None
+    results = [{"type": "tool_result", "tool_use_id": use["id"], "is_error": True,
+                "content": f"<tool_use_error>InputValidationError: {use['name']} failed due to "
+                           f"the following issue: {call['error']}\nYou sent: "
+                           f"{call['original'][:REASK_SHOWN]}</tool_use_error>"}
+               for use, call in zip(uses, calls, strict=True)]
+    return {**body, "messages": [*body["messages"],
+                                 {"role": "assistant", "content": message["content"]},
+                                 {"role": "user", "content": results}]}
