@@ -711,3 +711,15 @@ def test_no_reask_by_default_nor_for_a_cut_call(proxy_factory: Callable[..., Pro
         response = httpx.post(proxy.url + "/v1/messages",
                               json=request({"tools": ["Bash"]}, False), timeout=30)
         assert response.status_code == 200 and len(upstream.requests) == 1
+
+
+def test_what_is_logged_of_an_error_carries_no_value() -> None:
+    """Logs and traces get where and which keyword; the model (re-ask) and the inspector get
+    the validator's own words, the value included."""
+    secret = "sk-live-0123456789"
+    calls, reports = guarded(frames_of([("call_1", "Read", [json.dumps(
+        {"file_path": "/a", "offset": secret})])]), TOOLS)
+    (report,) = reports
+    assert report.outcome == "invalid"
+    assert report.error == '$.offset: fails "type"'
+    assert report.detail is not None and secret in report.detail

@@ -46,7 +46,8 @@ class CallReport:
     """What the guard did with one upstream tool call: `outcome` is valid, repaired (or, in
     observe mode, repairable), invalid, unchecked, overflow or dropped; `original` its
     arguments as the upstream sent them; `sent` what went out instead (several for a split)
-    when that differs; `name` the tool it went to when R8 renamed it."""
+    when that differs; `name` the tool it went to when R8 renamed it. `error` says where
+    and why the original fails without its values (logs, traces); `detail` with them."""
 
     tool: str
     outcome: str
@@ -55,11 +56,12 @@ class CallReport:
     original: str = ""
     sent: tuple[str, ...] = ()
     name: str | None = None
+    detail: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"tool": self.tool, "outcome": self.outcome, "kinds": list(self.kinds),
-                "error": self.error, "original": self.original, "sent": list(self.sent),
-                "name": self.name}
+                "error": self.error, "detail": self.detail, "original": self.original,
+                "sent": list(self.sent), "name": self.name}
 
 
 Report = Callable[[CallReport], None]
@@ -347,7 +349,7 @@ class ToolGuard:
         tool = check.name if tool is None else tool
         if not check.passes:
             return [(tool, original)], CallReport(tool, check.outcome, check.kinds,
-                                                  check.error, original)
+                                                  check.error, original, detail=check.detail)
         part = _part(check, text)
         kinds = (*kinds, *check.kinds)
         if not kinds:
@@ -389,7 +391,7 @@ def reask_body(body: dict[str, Any], message: dict[str, Any],
         return None
     results = [{"type": "tool_result", "tool_use_id": use["id"], "is_error": True,
                 "content": f"<tool_use_error>InputValidationError: {use['name']} failed due to "
-                           f"the following issue: {call['error']}\nYou sent: "
+                           f"the following issue: {call['detail'] or call['error']}\nYou sent: "
                            f"{call['original'][:REASK_SHOWN]}</tool_use_error>"}
                for use, call in zip(uses, calls, strict=True)]
     return {**body, "messages": [*body["messages"],

@@ -68,14 +68,16 @@ _NAME_INDEX = re.compile(r":\d+\Z")
 class Check:
     """What came of one call. `value` is what to send (the original, or the repair) when it
     is an object that validates; None when the text is not JSON. `name` is the offered tool's
-    name (R8 may have changed it), else the name as sent. `error`: the original's first
-    validation error (or why it was not checked)."""
+    name (R8 may have changed it), else the name as sent. `error`: where the original
+    first fails and which keyword, with none of its values (for logs and traces), or why it
+    was not checked; `detail`: the validator's own words, values included."""
 
     outcome: Outcome
     name: str
     value: Any = None
     kinds: tuple[str, ...] = ()
     error: str | None = None
+    detail: str | None = None
 
     @property
     def passes(self) -> bool:
@@ -122,14 +124,22 @@ def knows_every_keyword(schema: Any, known: frozenset[str] = KNOWN_KEYWORDS) -> 
     return True
 
 
-def first_error(validator: Validator, value: Any) -> str:
-    """The first validation error, where it is (`$.todos[0]: … is not of type …`)."""
+NAMES_ONLY = ("required", "additionalProperties", "dependentRequired")
+"""Keywords whose messages name keys, never the values (they may be shown as they are)."""
+
+
+def first_error(validator: Validator, value: Any) -> tuple[str, str]:
+    """The first validation error without the values (`$.offset: fails "type"`, what logs
+    and traces may carry) and in the validator's own words (`$.offset: "5" is not of type
+    "integer"`, what the model may be told)."""
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
-        return "valid"
-    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
-                   for part in error.instance_path)
-    return f"${path}: {error.message}"
+        return "valid", "valid"
+    path = "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                         for part in error.instance_path)
+    keyword = str(error.schema_path[-1]) if error.schema_path else "schema"
+    detail = f"{path}: {error.message}"
+    return (detail if keyword in NAMES_ONLY else f'{path}: fails "{keyword}"'), detail
 
 
 class RequestSchemas(Mapping[str, Any]):
@@ -242,7 +252,7 @@ class OfferedTools:
             return Check("valid" if not kinds else "repaired", name, value, kinds)
         if truncated:
             return Check("invalid", name, value, (*kinds, "truncated"),
-                         first_error(validator, value))
+                         *first_error(validator, value))
         if tool != name:
             kinds = (*kinds, "R8:name")
             if validator.is_valid(value):
@@ -259,7 +269,7 @@ class OfferedTools:
                 value, kinds = changed, (*kinds, *kind)
                 if validator.is_valid(value):
                     return Check("repaired", tool, value, kinds)
-        return Check("invalid", name, original, (), first_error(validator, original))
+        return Check("invalid", name, original, (), *first_error(validator, original))
 
     def _check_text(self, name: str, text: str, truncated: bool) -> Check:
         """Text that is not JSON: the text rungs (R1–R4), then the value rungs."""

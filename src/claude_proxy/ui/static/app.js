@@ -280,7 +280,7 @@ function guardView(calls) {
   return calls.map((call) => el("div", { class: "tool-call guard" },
     el("span", { class: "tag " + call.outcome, text: `${call.tool}${call.name ? " → " + call.name : ""} · ${call.outcome}` }),
     call.kinds.length ? el("span", { class: "muted", text: " " + call.kinds.join(", ") }) : null,
-    call.error ? el("div", { class: "err", text: call.error }) : null,
+    call.detail || call.error ? el("div", { class: "err", text: call.detail || call.error }) : null,
     el("div", { class: "muted", text: "as the upstream sent it:" }), el("pre", { text: call.original }),
     ...call.sent.map((text) => el("pre", { class: "sent", text }))));
 }
