@@ -716,8 +716,8 @@ def test_no_reask_by_default_nor_for_a_cut_call(proxy_factory: Callable[..., Pro
 def test_what_is_logged_of_an_error_carries_no_value() -> None:
     """Logs and traces get where and which keyword; the model (re-ask) and the inspector get
     the validator's own words, the value included."""
-    secret = "sk-live-0123456789"
-    calls, reports = guarded(frames_of([("call_1", "Read", [json.dumps(
+    secret = "a value of the model"
+    _, reports = guarded(frames_of([("call_1", "Read", [json.dumps(
         {"file_path": "/a", "offset": secret})])]), TOOLS)
     (report,) = reports
     assert report.outcome == "invalid"
