@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -103,7 +103,6 @@ class _Held:
     def snapshots(self) -> str | None:
         """The S1 reading (the last snapshot), when every fragment was one."""
         return self.snapshot if self.cumulative and len(self.fragments) >= 2 else None
-
 
 
 class ToolGuard:
@@ -258,7 +257,7 @@ class ToolGuard:
             parts, report = self._deduplicated(held, parts, report)
             self._send(held, parts, out)
         elif report.outcome == "repaired":
-            report = CallReport(**{**report.__dict__, "outcome": "repairable"})
+            report = replace(report, outcome="repairable")
         self.report(report)
 
     def _send(self, held: _Held, parts: list[Part], out: list[Delta]) -> None:
@@ -289,8 +288,7 @@ class ToolGuard:
         if same_id:
             held.upstream_id = ""
             outcome = "repaired" if report.outcome == "valid" else report.outcome
-            return parts, CallReport(**{**report.__dict__, "outcome": outcome,
-                                        "kinds": (*report.kinds, "S5:new_id")})
+            return parts, replace(report, outcome=outcome, kinds=(*report.kinds, "S5:new_id"))
         return parts, report
 
     def _remember(self, held: _Held, parts: list[Part]) -> None:
