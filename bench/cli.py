@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from bench import count_tokens, report, scenarios, session
+from bench import count_tokens, report, scenarios, session, tool_calls
 from bench.client import (
     direct_target,
     floor_target,
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Scenarios that start their own upstreams and proxies (not the shared Bench).
-OWN_SETUP = ("session", "count_tokens")
+OWN_SETUP = ("session", "count_tokens", "tool_calls")
 
 
 def chosen(only: str) -> list[str]:
@@ -252,6 +252,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     if "count_tokens" in document["scenarios"]:
         print()
         print(count_tokens.report(document["scenarios"]["count_tokens"]))
+    if "tool_calls" in document["scenarios"]:
+        print()
+        print(tool_calls.report(document["scenarios"]["tool_calls"]))
     if "workers" in document:
         print()
         print(report.workers_table(document["workers"]))
@@ -351,6 +354,9 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
         if "count_tokens" in names:
             log("[count_tokens]")
             results["count_tokens"] = count_tokens.results(workdir)
+        if "tool_calls" in names:
+            log("[tool_calls]")
+            results["tool_calls"] = tool_calls.results(args.scale)
         document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
         if args.compare_workers:
             log("[compare workers]")

@@ -294,6 +294,27 @@ def test_the_chat_completions_answer_becomes_tool_use_streamed_and_not(
                 "toolu_px" + b"functions.get_weather:0".hex())
 
 
+def test_a_call_read_from_text_passes_the_tool_call_guards_check(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
+    """With TOOL_GUARD=repair (the default) a call read from text is the guard's to check:
+    a tool named in another case (R8) is the one offered, and its string-written integer
+    is sent as the integer its schema asks for; with `observe`, the reader's own check
+    finds no such tool and the text goes back as it came."""
+    content = ('<|tool_call_begin|> functions.GET_WEATHER:0 {"city": "Tokyo", "days": "3"} '
+               '<|tool_call_end|>')
+    case = {**BY_NAME["kimi-call-without-section"], "content": content,
+            "tools": {"get_weather": {"type": "object", "additionalProperties": False,
+                                      "properties": {"city": {"type": "string"},
+                                                     "days": {"type": "integer"}},
+                                      "required": ["city"]}}}
+    expected = {"repair": [["call", "get_weather", {"city": "Tokyo", "days": 3}]],
+                "observe": [["text", content]]}
+    for mode, blocks_sent in expected.items():
+        proxy = proxy_factory(middle_model=case["model"], tool_guard=mode)
+        upstream.queue(chat_reply(case, stream=False))
+        assert blocks(ask(proxy, case, stream=False)) == blocks_sent, mode
+
+
 def test_models_not_named_keep_the_text(proxy_factory: Callable[..., ProxyServer],
                                         upstream: ScriptedUpstream) -> None:
     case = BY_NAME["dsml-sglang"]

@@ -27,6 +27,8 @@ from claude_proxy.conversion.response_converter import (
     convert_chunks,
 )
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
+from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard, reask_body
+from claude_proxy.conversion.tool_schemas import OfferedTools, metric_kind
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -260,7 +262,8 @@ class MessagesService:
                                     parser=api_of(upstream).parser(upstream),
                                     omit_thinking=omitted,
                                     stop_sequences=body.get("stop_sequences") or (),
-                                    window=attempt.fit.window)
+                                    window=attempt.fit.window,
+                                    guard=self.tool_guard(body, attempt))
         if body.get("context_management") is not None:
             converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
         if safeguards.requested(body):
@@ -270,6 +273,18 @@ class MessagesService:
             else:
                 converter.judge = partial(self.judge, body)
         return converter
+
+    def tool_guard(self, body: dict[str, Any], attempt: Attempt) -> ToolGuard | None:
+        """The tool-call guard for the answer (TOOL_GUARD), None when off or when the request
+        offers no tools."""
+        settings = self.settings_of(attempt.provider)
+        mode = settings.guard_mode
+        if mode == "off" or not body.get("tools"):
+            return None
+        report = tool_call_reporter(self.metrics, attempt.candidate.provider,
+                                    attempt.candidate.model)
+        return ToolGuard(OfferedTools.of_request(body), report, mode=mode,
+                         max_hold=settings.tool_guard_max_hold_bytes)
 
     # ------------------------------------------------------------ routing and failover
 
@@ -526,14 +541,33 @@ class MessagesService:
             return api_of(upstream).send_once(provider.client, upstream)
 
         attempt, answer = await self.routed(body, send, session, raw)
+        message, reasoning = await self._whole(body, attempt, answer)
+        usage = message["usage"]
+        record = current_record()
+        retry = reask_body(body, message, record.tool_calls) if self.settings_of(
+            attempt.provider).tool_guard_reask else None
+        if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
+            mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+            attempt, answer = await self.routed(retry, send, session)
+            message, more = await self._whole(retry, attempt, answer)
+            # Both answers were paid for: the Message says so, as does the spend.
+            usage = message["usage"] = {
+                kind: value + usage.get(kind, 0) if isinstance(value, int) else value
+                for kind, value in message["usage"].items()}
+            reasoning += more
+        record.message = message
+        record_usage(usage, reasoning)
+        self.remember_session(session, record)
+        return message
+
+    async def _whole(self, body: dict[str, Any], attempt: Attempt,
+                     answer: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """A whole upstream answer as a Message, and its reasoning tokens."""
         chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         events = convert_chunks(chunks, converter, end=False)
         message = collect_message(events + await converter.settle() + converter.finish())
-        current_record().message = message
-        record_usage(message["usage"], converter.reasoning_tokens())
-        self.remember_session(session, current_record())
-        return message
+        return message, converter.reasoning_tokens()
 
     async def _create_streamed(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
         """`create` through an upstream stream, read until its end or a stop sequence."""
@@ -568,6 +602,36 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate, record.thread)
+
+
+def tool_call_reporter(metrics: Metrics, provider: str, model: str) -> Report:
+    """What is said of each tool call the guard saw: counted (by provider, model and
+    outcome, and each repair by kind), kept on the request's record (the inspector, the
+    dashboard, OpenTelemetry; the original arguments of a call that was not valid), and one
+    log line for every call that was not valid, its client values escaped."""
+    record = current_record()
+
+    def report(call: CallReport) -> None:
+        metrics.tool_calls_of(provider, model, call.outcome).inc()
+        for kind in call.kinds:
+            metrics.tool_repairs_of(provider, model, metric_kind(kind)).inc()
+        if call.outcome == "valid":
+            record.tool_calls.append({"tool": call.tool, "outcome": "valid"})
+            return
+        record.tool_calls.append(call.as_dict())
+        logger.log(logging.WARNING if call.outcome == "invalid" else logging.INFO,
+                   "tool call provider=%s model=%s tool=%s outcome=%s kinds=%s bytes=%d->%s "
+                   "error=%s", provider, model, shown(call.tool), call.outcome,
+                   shown(",".join(call.kinds)), len(call.original),
+                   "+".join(str(len(sent)) for sent in call.sent) or "-",
+                   shown(call.error or "-"))
+    return report
+
+
+def shown(value: str, limit: int = 200) -> str:
+    """A value from the upstream or the client as a log line may carry it: quoted, its
+    control characters and line breaks escaped, cut at `limit` characters."""
+    return repr(value[:limit] + ("…" if len(value) > limit else ""))
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

@@ -46,6 +46,8 @@ Tier = Literal["big", "middle", "small"]
 """The three model slots Claude Code's names map to: opus → big, sonnet → middle, haiku → small."""
 TIERS: tuple[Tier, ...] = ("big", "middle", "small")
 WebSearchMode = Literal["native", "backend", "off"]
+GuardMode = Literal["off", "observe", "repair"]
+"""TOOL_GUARD: what the tool-call guard does (docs/tool-calls.md)."""
 WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
 OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
@@ -227,6 +229,16 @@ class ProviderSettings(BaseModel):
     """How Claude Code's WebSearch runs for this provider: `native` (the provider's own
     search), `backend` (the process's WEB_SEARCH_BACKEND; the default when one is set) or
     `off` (the Anthropic `unavailable` error, never an answer from memory)."""
+    tool_guard: GuardMode | None = None
+    """TOOL_GUARD: `repair` (the default) holds each tool call until it is complete, checks it
+    against the tool's schema and repairs what provably validates; `observe` only counts;
+    `off`. Unset for Anthropic's own API: `observe` (its calls stream as they come)."""
+    tool_guard_max_hold_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """TOOL_GUARD_MAX_HOLD_BYTES: the most of one call's arguments held (characters); past
+    it the call streams as it comes, unchecked."""
+    tool_guard_reask: bool = False
+    """TOOL_GUARD_REASK: a non-streamed answer whose tool call nothing could repair is asked
+    for once more, with the validation error as that call's result."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
                      "text_tool_call_prefixes", "deepseek_tool_call_prefixes",
@@ -243,7 +255,7 @@ class ProviderSettings(BaseModel):
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
                      "reasoning_passback", "prompt_cache", "web_search", "upstream_api",
-                     mode="before")
+                     "tool_guard", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":
@@ -342,6 +354,16 @@ class ProviderSettings(BaseModel):
 
     def reads_reasoning_tool_calls(self, model: str) -> bool:
         return matches_prefix(model, tuple(self.reasoning_tool_call_prefixes or ()))
+
+    @property
+    def guard_mode(self) -> GuardMode:
+        """TOOL_GUARD, else `observe` for Anthropic's own Messages API (a route to Claude
+        keeps streaming tool arguments as they come) and `repair` for every other upstream."""
+        if self.tool_guard is not None:
+            return self.tool_guard
+        host = urlsplit(self.openai_base_url).hostname or ""
+        anthropic = host == "anthropic.com" or host.endswith(".anthropic.com")
+        return "observe" if anthropic and self.upstream_api == "messages" else "repair"
 
     @property
     def buffered_models(self) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from claude_proxy.conversion.text_tool_calls import (
     declared_tools,
     reading_text_calls,
 )
+from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.errors import ProxyError
 from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.capabilities import (
@@ -115,14 +116,16 @@ async def no_count(client: OpenAIClient, request: dict[str, Any], settings: Prov
 
 def with_text_calls(upstream: UpstreamRequest, settings: ProviderSettings) -> UpstreamRequest:
     """The request, told what to read as tool calls from its answer's text: the markup
-    families on for its model (`*_TOOL_CALL_PREFIXES`), when it offers tools. The place to
-    give the reader another check than the default (`TextCallPlan.check`)."""
+    families on for its model (`*_TOOL_CALL_PREFIXES`), when it offers tools. With the
+    tool-call guard repairing (TOOL_GUARD=repair), a call read from text passes the guard's
+    own check (the tool's schema, and the repair ladder); otherwise `declared_check`'s."""
     model = str(upstream.body.get("model") or "")
     formats = settings.tool_call_markup(model)
     tools = declared_tools(upstream.body) if formats else {}
     if tools:
+        check = OfferedTools(tools).accept if settings.guard_mode == "repair" else None
         upstream.text_calls = TextCallPlan(
-            tools, formats, in_reasoning=settings.reads_reasoning_tool_calls(model))
+            tools, formats, in_reasoning=settings.reads_reasoning_tool_calls(model), check=check)
     return upstream
 
 
