@@ -36,6 +36,7 @@ import orjson
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from claude_proxy.config.settings import ProviderSettings
+from claude_proxy.conversion.reuse import Prewritten
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.record import current_record, current_trace, mark
@@ -74,7 +75,10 @@ def encoded(body: dict[str, Any]) -> bytes:
     bytes held 4 KiB each. Copying a short body costs 0.2 µs at 100 bytes and 1.5 µs at 50
     KB (in a loop), where orjson's buffer is 2.6 to 40 times its length; a long one is
     kept as orjson made it (at most twice its length), where the copy would cost 20 µs at
-    800 KB in a loop, more in the server."""
+    800 KB in a loop, more in the server. A session's next turn is written where it changed
+    only (conversion/reuse.py), already at its length."""
+    if type(body) is Prewritten:
+        return body.written()
     content = orjson.dumps(body)
     return bytes(memoryview(content)) if len(content) < EXACT_BELOW else content
 
