@@ -285,22 +285,36 @@ def turns(draw: st.DrawFn, number: int, model: str) -> list[dict[str, Any]]:
         assistant["content"].insert(0, block)
     if draw(st.booleans()):
         user["content"].append({"type": "text", "text": draw(TEXT)})
-    if draw(st.integers(0, 5)) == 0:
+    extra = draw(st.sampled_from([None, None, None, "image", "search", "reference"]))
+    if extra == "image":
         user["content"][0]["content"] = [
             {"type": "text", "text": draw(TEXT)},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}]
+    elif extra == "search":  # a web search of an earlier turn, replayed as text
+        found = f"srvtoolu_{number:05d}"
+        assistant["content"][-1:-1] = [
+            {"type": "server_tool_use", "id": found, "name": "web_search",
+             "input": {"query": draw(TEXT)}},
+            {"type": "web_search_tool_result", "tool_use_id": found, "content": [
+                {"type": "web_search_result", "url": "https://example.com/", "title": "Ex",
+                 "encrypted_content": "zz"}]}]
+    elif extra == "reference":  # a tool loaded by tool search, expanded
+        user["content"][0]["content"] = [{"type": "tool_reference", "tool_name": "Read"}]
     return [assistant, user]
 
 
 STEPS = st.sampled_from(["turn"] * 8 + ["edit", "swap", "rewind", "reminder", "pin",
                          "switch", "fail", "refuse cache_control", "refuse thinking",
-                         "refuse reasoning_content", "stream"])
+                         "refuse reasoning_content", "stream", "clear"])
+CLEAR_TOOL_USES = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses",
+                                                                   "value": 2},
+                   "keep": {"type": "tool_uses", "value": 1}}
 PINNED = "pinned"
 """A marker that stays where it was put (`_move_marker` moves only the others)."""
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_any_session_goes_upstream_as_without_the_memo(pair: Pair, data: st.DataObject) -> None:
     """Generated sessions: whatever each step does to the conversation or to the upstream,
@@ -342,6 +356,10 @@ def _apply(step: str, data: st.DataObject, body: dict[str, Any], messages: list[
         script.refusing.add(step.split()[1])
     elif step == "stream":
         body["stream"] = not body.get("stream")
+    elif step == "clear":  # context management clears all tool results but the last
+        edits = body["context_management"]["edits"]
+        body["context_management"] = {"edits": edits[:1] if len(edits) > 1
+                                      else [*edits, CLEAR_TOOL_USES]}
     elif step == "pin":
         at = data.draw(st.integers(0, len(messages) - 1))
         content = messages[at]["content"]
