@@ -9,6 +9,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -164,8 +165,11 @@ def test_a_body_sent_in_many_pieces_reaches_the_application_whole(port: int) -> 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
         client.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: "
                        + str(len(body)).encode() + b"\r\n\r\n")
-        for start in range(0, len(body), 700_001):
-            client.sendall(body[start:start + 700_001])
+        cuts = [*range(0, 2_100_000, 700_000), *range(2_100_000, len(body), 8192)]
+        for start, end in zip(cuts, [*cuts[1:], len(body)], strict=True):
+            client.sendall(body[start:end])
+            if end - start < 65536:
+                time.sleep(0.0005)  # small pieces: several come while the app sleeps
         data = b""
         while b"\r\n\r\n" not in data:
             data += client.recv(65536)
