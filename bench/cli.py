@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from bench import count_tokens, repeats, report, scenarios, session
+from bench import count_tokens, repeats, report, scenarios, session, team
 from bench.client import (
     direct_target,
     floor_target,
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--only", default="", metavar="NAMES",
                         help=f"comma-separated subset of: {', '.join(SCENARIOS)}, "
-                             "session, count_tokens")
+                             "session, count_tokens, team")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the proxy with py-spy during each PROXY phase; "
                              "flame graphs and a hotspot list go to DIR")
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Scenarios that start their own upstreams and proxies (not the shared Bench).
-OWN_SETUP = ("session", "count_tokens")
+OWN_SETUP = ("session", "count_tokens", "team")
 
 
 def chosen(only: str) -> list[str]:
@@ -273,6 +273,9 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     if "count_tokens" in document["scenarios"]:
         print()
         print(count_tokens.report(document["scenarios"]["count_tokens"]))
+    if "team" in document["scenarios"]:
+        print()
+        print(team.table(document["scenarios"]["team"]))
     if "workers" in document:
         print()
         print(report.workers_table(document["workers"]))
@@ -389,6 +392,9 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
         if "count_tokens" in names:
             log("[count_tokens]")
             results["count_tokens"] = count_tokens.results(workdir)
+        if "team" in names:
+            log("[team]")
+            results["team"] = team.run(workdir, log)
         document: dict[str, Any] = {
             "meta": meta, "scenarios": results, "cpu": repeats.combine(cpu),
             "spread": repeats.spread(runs) if len(runs) > 1 else {}, "runs": runs}
