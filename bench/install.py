@@ -1,5 +1,6 @@
 """The production install the benchmark measures: a venv holding `pip install .` and nothing
-else (no editable install, no test extras), what `make run`, the container and every user get.
+else (no editable install, no test extras; only FLOOR's SSE decoders beside, which the proxy
+never imports), what `make run`, the container and every user get.
 
 The dev venv is not what users run: the test extras pull in packages (sniffio, through the
 anthropic SDK) that change the hot path of libraries which only look for them. The venv lives
@@ -22,6 +23,9 @@ from pathlib import Path
 from bench.procs import ROOT, StartupError
 
 VENV = ROOT / ".cache" / "bench-prod-venv"
+FLOOR_NEEDS = ("httpx-sse>=0.4,<0.5",)
+"""What FLOOR (bench/floor.py, run from this install) uses that the proxy does not: the
+proxy reads SSE itself; FLOOR keeps the stack's decoders. Never imported by the proxy."""
 STAMP = "claude-proxy-source.sha256"
 
 
@@ -75,7 +79,7 @@ def production_python(log: Callable[[str], None], source: Path = ROOT,
         # From the base interpreter, not the dev venv's (venv uses sys._base_executable).
         venv.EnvBuilder(with_pip=True).create(directory)
         run = subprocess.run([str(python_of(directory)), "-m", "pip", "install", "--quiet",
-                              "--disable-pip-version-check", spec],
+                              "--disable-pip-version-check", spec, *FLOOR_NEEDS],
                              capture_output=True, text=True, cwd=directory)
         if run.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
