@@ -126,10 +126,16 @@ def peak(bench: Bench) -> dict[str, float]:
             for target in bench.targets()}
 
 
+MEMORY = ("idle_streams",)
+"""Scenarios that measure memory: run once, in the first pass."""
+
+
 async def run_passes(bench: Bench, names: list[str], passes: int,
                      meta: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The scenarios `passes` times in turn: each pass's results and CPU accounting, and the
-    machine's load before and after each in `meta` (`load_average_runs`)."""
+    machine's load before and after each in `meta` (`load_average_runs`). Memory is read in
+    the first pass only (the idle streams' growth, the peak RSS): later passes start from
+    what the earlier left in the processes, the peak included."""
     await warm_up(bench)
     idle = peak(bench)
     runs, cpu = [], []
@@ -139,14 +145,18 @@ async def run_passes(bench: Bench, names: list[str], passes: int,
             log(f"[run {number + 1} of {passes}]")
         before = load_average()
         bench.cpu = {}
-        runs.append(await run_scenarios(bench, names, idle))
+        first = not number
+        runs.append(await run_scenarios(
+            bench, [name for name in names if first or name not in MEMORY],
+            idle if first else None))
         cpu.append(bench.cpu)
         meta["load_average_runs"].append({"before": before, "after": load_average()})
     return runs, cpu
 
 
 async def run_scenarios(bench: Bench, names: list[str],
-                        idle: dict[str, float]) -> dict[str, Any]:
+                        idle: dict[str, float] | None) -> dict[str, Any]:
+    """Each scenario once; with `idle` (the first pass), the peak RSS too."""
     results: dict[str, Any] = {}
     after: dict[str, float] | None = None
     for name in names:
@@ -156,6 +166,8 @@ async def run_scenarios(bench: Bench, names: list[str],
             after = peak(bench)
         log(f"[{name}]")
         results[name] = await SCENARIOS[name](bench)
+    if idle is None:
+        return results
     final = peak(bench)
     after = after or final
     results["peak_rss"] = {
@@ -382,7 +394,7 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             bench = make_bench(proxy, upstream, args.scale, profiler, floor, messages)
             runs, cpu = asyncio.run(run_passes(
                 bench, [name for name in names if name in SCENARIOS], args.repeats, meta))
-        results = repeats.combine(runs) if runs[0] else {}
+        results = repeats.combine(runs)
         if "nonstream_latency" in results:
             log("[components]")
             results["components"] = components(python, results["nonstream_latency"])
