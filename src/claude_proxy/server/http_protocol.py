@@ -68,9 +68,9 @@ class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         """uvicorn adds each piece to a bytearray and hands on `bytes()` of it: two copies of
         every byte received (of an 800 KB conversation, 1.6 MB of copying and the page faults
-        of fresh memory, on every request). A piece the application has not yet to share
-        with another is kept as it is, and `bytes()` of it is itself. Pieces that come
-        before the application took the one before are joined as uvicorn joins them."""
+        of fresh memory, on every request). A piece that comes when none is waiting for the
+        application is kept as it is, and `bytes()` of it is itself; pieces that come before
+        the application took the one before are joined as uvicorn joins them."""
         cycle = self.cycle
         if cycle.body or cycle.response_complete or self.parser.should_upgrade():
             super().on_body(body)
