@@ -465,9 +465,10 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     memory cost each request page faults."""
     session_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     """SESSION_MEMO_BYTES: the most this process keeps of its sessions' last request bodies,
-    so that a session's next request is parsed only where it changed (server/incremental.py);
-    the least recently used go first, 0 keeps none. A body of 800 KB counts 2 MB (its bytes
-    and its parsed messages)."""
+    so that a session's next request is parsed and converted only where it changed
+    (server/incremental.py, conversion/reuse.py); the least recently used go first, 0 keeps
+    none. A body of 800 KB counts 3.2 MB (its bytes, its parsed messages, their conversion
+    and the upstream body written from it)."""
     metrics_public: bool = False
     """Serve /metrics without the client key even when ANTHROPIC_API_KEY is set."""
 

@@ -21,6 +21,7 @@ from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import WireParser
+from claude_proxy.conversion.reuse import Slot
 from claude_proxy.conversion.structured import apply_responses_structured_output
 from claude_proxy.conversion.text_tool_calls import (
     TextCallPlan,
@@ -32,6 +33,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.capabilities import (
     REASONING,
+    REWRITING,
     SUMMARY,
     Refusals,
     drop_refused,
@@ -59,6 +61,9 @@ class Build:
     cache_key: str | None = None
     betas: str | None = None
     """The client's `anthropic-beta` header (a Messages upstream gets what it takes of it)."""
+    turns: Slot | None = None
+    """The conversation's last conversion, for this one to reuse what it shares with it
+    (a session's next turn, conversion/reuse.py; /chat/completions only)."""
 
 
 class UpstreamAPI(Protocol):
@@ -151,11 +156,14 @@ class ChatCompletions:
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
         refusals, model = build.refusals, build.model
+        rewrites = build.turns is not None and any(refusals.refuses(model, name)
+                                                   for name in REWRITING)
         upstream = convert_request(request, settings, model=model, is_ours=build.is_ours,
                                    opaque_for=build.opaque_for,
                                    without_reasoning=refusals.refuses(model, REASONING),
                                    structured=structured_mode(refusals, model),
-                                   cache_key=build.cache_key)
+                                   cache_key=build.cache_key,
+                                   slot=None if rewrites else build.turns)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
         return with_text_calls(upstream, settings)
 
