@@ -47,8 +47,7 @@ CHUNKS = st.one_of(
                                                        "usage": {"prompt_tokens": 4}}]}))
 OPTIONS = st.fixed_dictionaries({
     "think_tags": st.booleans(), "leading_think_tags": st.booleans(),
-    "show_inline_thinking": st.booleans(),
-    "text_tools": st.sampled_from([None, {"Read": {"type": "object"}}])})
+    "show_inline_thinking": st.booleans()})
 
 
 def _plain(delta: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +55,7 @@ def _plain(delta: dict[str, Any]) -> dict[str, Any]:
 
 
 OFF: dict[str, Any] = {"think_tags": False, "leading_think_tags": False,
-                       "show_inline_thinking": True, "text_tools": None}
+                       "show_inline_thinking": True}
 
 
 @settings(max_examples=400, deadline=None)
