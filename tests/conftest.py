@@ -201,7 +201,9 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
                                 "REASONING_", "THINKING_", "PROVIDER", "WEB_SEARCH"))}
-    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
+    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"),
+                # SIGTERM stops at once, as before the drain (its own tests set it).
+                "DRAIN_DELAY": "0", **extra})
     return env
 
 

@@ -199,7 +199,8 @@ class Recorder:
 
     def __init__(self, *, inspect: int, secrets: list[str], health: HealthSource,
                  rows: int = 1000, minutes: int = 60, store: StateStore | None = None,
-                 keys: KeysSource | None = None, inspect_bytes: int = 16 * 1024 * 1024) -> None:
+                 keys: KeysSource | None = None, inspect_bytes: int = 16 * 1024 * 1024,
+                 configuration: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self.inspect_limit = inspect
         self.inspect_bytes = inspect_bytes
         self.kept_bytes = 0
@@ -211,12 +212,18 @@ class Recorder:
         self.series = MinuteSeries(minutes)
         self.health = health
         self.keys = keys
+        self.configuration = configuration
+        """The configuration served and its last reload (server/reload.py)."""
         self.subscriptions: set[Subscription] = set()
         self._secrets = sorted(secrets, key=len, reverse=True)
         self.fleet = (FleetLog(store, rows=rows, inspect=inspect, minutes=minutes,
                                workers=scope()["workers"])
                       if store is not None and store.distributed else None)
         """The fleet's view through a shared store (None: this process is all there is)."""
+
+    def add_secrets(self, secrets: list[str]) -> None:
+        """Secrets a reload brought: replaced in what is kept from now on too."""
+        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
 
     # ------------------------------------------------------------ fed by the middleware
 
@@ -305,7 +312,11 @@ class Recorder:
         """What changes by itself every second: in flight, providers, charts."""
         return {"now": self.now(), "providers": self.providers(),
                 "keys": self.keys() if self.keys is not None else [],
-                "series": self.series.snapshot(time.time()), "server_time": time.time()}
+                "series": self.series.snapshot(time.time()), "server_time": time.time(),
+                "configuration": self._configuration()}
+
+    def _configuration(self) -> dict[str, Any] | None:
+        return self.configuration() if self.configuration is not None else None
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a dashboard shows, for a page that has just connected."""
@@ -353,7 +364,8 @@ class Recorder:
         series = await self.fleet.series(now)
         live = {"now": self.now(), "now_process": self.fleet.process,
                 "providers": self.providers(series.provider_stats(now)),
-                "series": series.snapshot(now), "server_time": now}
+                "series": series.snapshot(now), "server_time": now,
+                "configuration": self._configuration()}
         self.fleet.heartbeat(now)
         return live
 
