@@ -197,3 +197,39 @@ def test_sighup_changes_keys_budgets_prices_and_routes_in_every_worker(
     assert ("keys +cy -ben ~ana; providers unchanged; routes changed; windows and prices "
             "changed") in output()
     assert output().count("configuration not reloaded (SIGHUP)") == workers
+
+
+@pytest.mark.browser
+def test_the_dashboard_shows_a_refused_reload(tmp_path: Path, started: Started,
+                                              fleet_upstream: ScriptedUpstream) -> None:
+    """The page in headless chromium: a banner with the refusal and what is still served
+    (the screenshot is .cache/screenshots/dashboard-reload-refused.png)."""
+    from tests.test_dashboard_browser import CHROMIUM, SHOTS
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("chromium not installed (make test installs it)")
+    from playwright.sync_api import sync_playwright
+    config = tmp_path / "proxy.toml"
+    config.write_text(config_text(fleet_upstream, **FIRST))  # type: ignore[arg-type]
+    url, process = started("--config", str(config), env=clean_env(
+        tmp_path, ANTHROPIC_API_KEY=ADMIN, DATA_DIR=str(tmp_path / "data")))
+    config.write_text("[providers.alpha]\nopenai_base_url = 42\n")
+    reloaded(url, process, generation=1, workers=1, error=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1280, "height": 800},
+                                      extra_http_headers={"x-api-key": ADMIN})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{url}/ui")
+        page.wait_for_selector("#config-error:not([hidden])")
+        banner = page.inner_text("#config-error")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "dashboard-reload-refused.png"))
+        browser.close()
+    assert banner.startswith("Configuration not reloaded (")
+    assert f"{config}: [providers.alpha] openai_base_url: " in banner
+    assert banner.endswith(f"still serving configuration 1 from {config}, loaded "
+                           f"{banner.rsplit('loaded ', 1)[1]}")
+    assert errors == []
