@@ -34,10 +34,12 @@ from claude_proxy.config.settings import TIERS, ProviderSettings, SearchSettings
 from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
+from claude_proxy.keys.usage_log import FILE_NAME
 from claude_proxy.routing.discovery import discover, windows
 from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
-from claude_proxy.state import check_store
+from claude_proxy.server.wiring import data_dir
+from claude_proxy.state import check_durability, check_store
 from claude_proxy.upstream import llamacpp, responses
 from claude_proxy.upstream.api import MESSAGES, Build, api_for
 from claude_proxy.upstream.capabilities import Refusals
@@ -516,6 +518,9 @@ async def diagnose(config: ProxyConfig, say: Say | None = None,
         works_shared, said = await check_store(settings.redis_url.get_secret_value(),
                                                settings.redis_prefix, settings.redis_timeout)
         out(Check("redis", works_shared, said, required=False).line())
+    spend = await check_spend(config)
+    if spend is not None:
+        out(spend.line())
     unchecked = sorted({provider for (provider, _), verdict in works.items() if verdict is None})
     if not ok:
         out("Claude Code will NOT work yet: fix the FAIL lines above.")
@@ -526,6 +531,25 @@ async def diagnose(config: ProxyConfig, say: Say | None = None,
         return lines, None
     out("Claude Code will work with this configuration.")
     return lines, True
+
+
+async def check_spend(config: ProxyConfig) -> Check | None:
+    """Whether the spend of keys with budgets survives a restart (None without such keys):
+    with REDIS_URL what Redis says of its persistence and eviction, else the usage file."""
+    if not any(spec.budget_usd is not None for spec in config.keys.values()):
+        return None
+    settings = config.settings
+    if settings.redis_url is None:
+        return Check("spend", True, f"kept in {data_dir(config) / FILE_NAME} (one process; "
+                     "several share a budget only through REDIS_URL)")
+    found = await check_durability(settings.redis_url.get_secret_value(),
+                                   settings.redis_timeout)
+    if found is None:
+        return Check("spend", False, "Redis did not say how it keeps data", required=False)
+    if found["warning"]:
+        return Check("spend", False, str(found["warning"]), required=False)
+    return Check("spend", True, f"kept by Redis: {found['persistence']}, maxmemory-policy "
+                 f"{found['eviction']}")
 
 
 def keys_report(config: ProxyConfig) -> list[str]:

@@ -167,9 +167,11 @@ async def warn_if_spend_unsafe(ledger: Ledger) -> None:
         return
     if found.get("warning"):
         logger.warning("keys have budgets, but %s", found["warning"])
+    elif "eviction" in found:
+        logger.info("keys have budgets: their spend is kept by Redis: %s; maxmemory-policy %s",
+                    found["persistence"], found["eviction"])
     else:
-        logger.info("keys have budgets: spend is kept in %s%s", found["kept"],
-                    f" ({found['persistence']})" if found.get("persistence") else "")
+        logger.info("keys have budgets: their spend is kept in %s", found["kept"])
 
 
 _NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}

@@ -350,7 +350,7 @@ async def durability_of(client: aioredis.Redis, url: str) -> Record:
         config = {}
     save = config.get("save")
     if persistence.get("aof_enabled") in (1, "1"):
-        kept = f"append-only file (appendfsync {config.get('appendfsync', 'unknown')})"
+        kept = f"append-only file, appendfsync {config.get('appendfsync', 'unknown')}"
     elif save:
         kept = f"snapshots only (save {save})"
     else:
@@ -369,6 +369,21 @@ async def durability_of(client: aioredis.Redis, url: str) -> Record:
     if problems:
         found["warning"] = f"Redis at {url}: " + "; ".join(problems)
     return found
+
+
+async def read_durability(url: str, timeout: float) -> Record | None:
+    """durability_of for `claude-proxy doctor` (None when Redis does not answer)."""
+    client = aioredis.from_url(url, socket_timeout=max(timeout, START_TIMEOUT),
+                               socket_connect_timeout=max(timeout, START_TIMEOUT),
+                               retry=Retry(NoBackoff(), 0))
+    try:
+        async with asyncio.timeout(max(timeout, START_TIMEOUT)):
+            return await durability_of(client, display_url(url))
+    except Failure:
+        return None
+    finally:
+        with contextlib.suppress(*Failure):
+            await client.aclose()
 
 
 async def check_connection(url: str, prefix: str, timeout: float) -> tuple[bool, str]:
