@@ -211,13 +211,17 @@ class RedisStore(StateStore):
 
     async def durability(self) -> Record | None:
         """What Redis says of its persistence and eviction (durability_of), asked at most
-        every DURABILITY_SECONDS; None while it does not answer."""
+        every DURABILITY_SECONDS; None while it does not answer. Not through the breaker: a
+        slow answer to this question must not send the process to in-process state."""
         now = time.monotonic()
         if self._durability is not None and now - self._durability[0] < DURABILITY_SECONDS:
             return self._durability[1]
-        found = await self._call(lambda: durability_of(self._client, self.url))
-        if found is not None:
-            self._durability = (now, found)
+        try:
+            async with asyncio.timeout(max(self.timeout, START_TIMEOUT)):
+                found = await durability_of(self._client, self.url)
+        except Failure:
+            return None
+        self._durability = (now, found)
         return found
 
     async def start(self) -> None:
@@ -341,13 +345,19 @@ async def durability_of(client: aioredis.Redis, url: str) -> Record:
     INFO persistence and INFO memory (and CONFIG GET, where an ACL or a managed Redis allows
     it): `persistence`, `eviction`, and a `warning` when keys' spend would not survive (no
     append-only file, or a policy that evicts keys once maxmemory is reached)."""
-    persistence = await client.info("persistence")
-    memory = await client.info("memory")
-    try:
-        config = await client.config_get("save")
-        config.update(await client.config_get("appendfsync"))
-    except ResponseError:  # CONFIG refused: what INFO says is all there is
-        config = {}
+    pipe = client.pipeline(transaction=False)
+    for section in ("persistence", "memory"):
+        pipe.info(section)
+    for name in ("save", "appendfsync"):
+        pipe.config_get(name)
+    persistence, memory, *configured = await pipe.execute(raise_on_error=False)
+    for answer in (persistence, memory):
+        if isinstance(answer, ResponseError):
+            raise answer
+    config: dict[str, Any] = {}
+    for answer in configured:  # CONFIG refused (an ACL, a managed Redis): INFO is all there is
+        if isinstance(answer, dict):
+            config.update(answer)
     save = config.get("save")
     if persistence.get("aof_enabled") in (1, "1"):
         kept = f"append-only file, appendfsync {config.get('appendfsync', 'unknown')}"
