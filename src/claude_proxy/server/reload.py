@@ -66,7 +66,8 @@ class Reloader:
         self.failed_at: datetime | None = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._retired: list[Close] = []
+        self._retired: list[list[Close]] = []
+        """What reloads retired and is not closed yet (each reload's closers)."""
 
     def describe(self) -> dict[str, Any]:
         """What /health?detail=1 and the dashboard show: the configuration served, and the
@@ -124,8 +125,13 @@ class Reloader:
         at most TOTAL_TIMEOUT."""
         closers = retire(old, new)
         if closers:
-            self._retired += closers
-            self._spawn(close_all(closers, after=old.settings.total_timeout))
+            self._retired.append(closers)
+            self._spawn(self._close_later(closers, old.settings.total_timeout))
+
+    async def _close_later(self, closers: list[Close], after: float) -> None:
+        await asyncio.sleep(after)
+        self._retired.remove(closers)
+        await close_all(closers)
 
     # ------------------------------------------------------------ triggers
 
@@ -143,7 +149,8 @@ class Reloader:
         """At shutdown: the watcher stops, and what was retired is closed now."""
         for task in list(self._tasks):
             task.cancel()
-        await close_all(self._retired)
+        for closers in self._retired:
+            await close_all(closers)
         self._retired = []
 
     def _spawn(self, work: Any) -> None:

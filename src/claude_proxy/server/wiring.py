@@ -12,7 +12,6 @@ can still use it (`retire`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -151,10 +150,8 @@ def retire(old: Wiring, new: Wiring | None) -> list[Close]:
     return closers
 
 
-async def close_all(closers: list[Close], after: float = 0.0) -> None:
-    """Runs the closers, `after` seconds from now (once no request can still use them)."""
-    if after:
-        await asyncio.sleep(after)
+async def close_all(closers: list[Close]) -> None:
+    """Runs the closers; one that fails is logged, the others still run."""
     for close in closers:
         try:
             await close()
