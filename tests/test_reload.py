@@ -254,8 +254,8 @@ def test_watch_config_follows_a_configmap_update(tmp_path: Path, started: Starte
     publish("2026_11_28_01", FIRST)
     (volume / "proxy.toml").symlink_to("..data/proxy.toml")
     url, _ = started("--config", str(volume / "proxy.toml"), "--watch-config",
-                           env=clean_env(tmp_path, ANTHROPIC_API_KEY=ADMIN,
-                                         DATA_DIR=str(tmp_path / "data")))
+                     env=clean_env(tmp_path, ANTHROPIC_API_KEY=ADMIN,
+                                   DATA_DIR=str(tmp_path / "data")))
     assert ask(url, KEYS["cy"]).status_code == 401
     publish("2026_11_28_02", SECOND)
     assert eventually(lambda: ask(url, KEYS["cy"]).status_code == 200, timeout=60)
