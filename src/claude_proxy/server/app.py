@@ -133,12 +133,15 @@ class ItsLedger:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Starts what talks to the world (the store, then the configuration's upstream clients,
-    window discovery, usage log, search backend), takes SIGHUP (reload) and SIGTERM (drain),
-    and closes it all again."""
+    """Starts what talks to the world (the configuration's upstream clients, window
+    discovery, usage log and search backend, then the store), takes SIGHUP (reload) and
+    SIGTERM (drain), and closes it all again. The store starts last: the clients' set-up
+    holds the event loop (TLS contexts), and a Redis call waiting meanwhile would time out,
+    sending the new process to in-process state, where a spent budget is not seen, just as
+    it begins to serve (tests/soak.py's restarts found it on a loaded host)."""
     lasting: Lasting = app.state.lasting
-    await lasting.store.start()
     app.state.wiring = first = await wire(app.state.config, lasting)
+    await lasting.store.start()
     reloader: Reloader = app.state.reloader
     reloader.start()
     lasting.drain.take_over_sigterm()
