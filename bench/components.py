@@ -118,7 +118,7 @@ async def measure() -> dict[str, float]:
                         openai_base_url="http://127.0.0.1:9/v1", _env_file=None)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
-        service: MessagesService = app.state.service
+        service: MessagesService = app.state.wiring.service
         bind(RequestRecord("req_bench", "POST", "/v1/messages"))
         return {"routing_us": round(per_call_us(routing(service)), 2),
                 "dashboard_us": round(per_call_us(dashboard(app.state.recorder)), 2),

@@ -201,7 +201,9 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OPENAI_", "ANTHROPIC_", "BIG_", "MIDDLE_", "SMALL_", "TOOL_",
                                 "REASONING_", "THINKING_", "PROVIDER", "WEB_SEARCH"))}
-    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"), **extra})
+    env.update({"LOG_FILE": str(tmp_path / "logs" / "claude-proxy.log"),
+                # SIGTERM stops at once, as before the drain (its own tests set it).
+                "DRAIN_DELAY": "0", **extra})
     return env
 
 
@@ -230,21 +232,25 @@ def load_fixture(name: str) -> dict[str, Any]:
 
 @dataclass
 class RedisServer:
-    """Debian's redis-server on a loopback port, persistence off; tests pause, kill and
-    restart it (on the same port) to see the proxy carry on without it."""
+    """Debian's redis-server on a loopback port, persistence off unless `arguments` say
+    otherwise (their `--dir` replaced by `directory`); tests pause, kill and restart it (on
+    the same port) to see the proxy carry on without it."""
 
     port: int
     directory: Path
     process: subprocess.Popen[bytes] | None = None
+    arguments: tuple[str, ...] = ("--save", "", "--appendonly", "no")
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        pairs = zip(self.arguments[::2], self.arguments[1::2], strict=True)
+        own = [item for name, value in pairs if name != "--dir" for item in (name, value)]
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.directory)],
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", *own,
+             "--dir", str(self.directory)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert eventually(self.answers, timeout=30), "redis-server did not start"
         return self

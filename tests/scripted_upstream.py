@@ -69,6 +69,8 @@ class Reply:
     """After the events, send an SSE comment every 50 ms until the connection is closed."""
     named: bool = False
     """Responses API framing: each event gets an `event: <type>` line; no `[DONE]`."""
+    held: threading.Event | None = None
+    """After the first piece, wait until this is set (by the test), then send the rest."""
 
     def render_events(self) -> list[bytes]:
         """The SSE byte pieces: comments placed before the N-th data event, then [DONE]."""
@@ -474,6 +476,8 @@ class ScriptedUpstream(LoopbackServer):
                     raise CutStream("scripted mid-stream drop")
                 if reply.stall_at is not None and sent >= reply.stall_at:
                     break
+                while reply.held is not None and sent == 1 and not reply.held.is_set():
+                    await asyncio.sleep(0.02)  # cancellable, unlike a thread's wait
                 yield piece
             if reply.stall_at is not None:
                 await asyncio.Event().wait()  # until the client goes away

@@ -1,19 +1,24 @@
 """`make soak`: the whole fleet under load, through its faults, and what it lost or doubled.
 
-Two replicas of `claude-proxy --workers 2` on one real Redis (Debian's redis-server, its
-append-only file fsynced on every write, as a deployment that keeps state runs it), two
-scripted upstreams (alpha, the default route; beta, its fallback) and client threads for two
-team keys (one with a daily budget that the run reaches), streaming and not. Each client
-request carries its own `x-claude-code-session-id`, so the usage log says which requests it
-holds. During the run, at fixed shares of it: Redis is killed and restarted, alpha fails (500)
-and recovers, one replica is killed with SIGKILL (its whole process group) and restarted. A
-client whose replica refuses the connection, or cuts it, goes to the other one, as a load
-balancer would (the cut attempt counts as a request of its own).
+Two replicas of `claude-proxy --workers 2` on one real Redis (Debian's redis-server, run with
+the arguments docker-compose.yml and deploy/kubernetes.yaml ship: its append-only file fsynced
+on every write, no eviction), two scripted upstreams (alpha, the default route; beta, its
+fallback) and client threads for two team keys (one with a daily budget that the run reaches),
+streaming and not. Each client request carries its own `x-claude-code-session-id`, so the usage
+log says which requests it holds. During the run, at fixed shares of it: Redis is killed and
+restarted, alpha fails (500) and recovers, one replica is killed with SIGKILL (its whole
+process group) and restarted, and then both replicas are restarted one after the other with
+SIGTERM (a rolling update: each drains, DRAIN_DELAY=2). The clients go through a load
+balancer's view of the replicas: a replica is in rotation while its /health answers 200
+(polled every 0.2 s); a client whose replica refuses the connection, or cuts it, goes to the
+other one (the cut attempt counts as a request of its own).
 
 At the end it prints the figures and checks:
 - every client request was answered: a success, or an Anthropic-shaped error (status and
   `{"type":"error",...}` body, or a stream ending in an `error` event); none hung past its
   timeout; connections cut only by the SIGKILL;
+- the rolling restart lost nothing: every request sent while it ran was answered, none
+  refused, none cut, the answers open at each SIGTERM finished;
 - the usage log holds exactly one entry per served request (none lost, none doubled), and
   entries for no other request but those cut mid-stream;
 - each key's spend equals the sum of the prices of what it was served (alpha's or beta's);
@@ -46,6 +51,7 @@ import httpx
 
 from tests.conftest import RedisServer, clean_env, eventually, free_port
 from tests.scripted_upstream import ScriptedUpstream, completion, error_reply, text_stream
+from tests.test_docker import shipped_redis_arguments
 
 ADMIN_KEY = "sk-soak-admin-0123456789"
 KEYS = {"ana": "sk-soak-ana-0123456789", "ben": "sk-soak-ben-0123456789"}
@@ -58,9 +64,12 @@ BUDGET_PER_MINUTE = 0.25
 """ana's daily budget per minute of run: reached about halfway."""
 CLIENTS_PER_KEY = 3
 TIMEOUT = 30.0
-FAULTS = ((0.15, "redis killed"), (0.30, "redis restarted"), (0.40, "alpha fails"),
-          (0.55, "alpha recovers"), (0.65, "replica 2 killed (SIGKILL)"),
-          (0.75, "replica 2 restarted"))
+FAULTS = ((0.10, "redis killed"), (0.22, "redis restarted"), (0.30, "alpha fails"),
+          (0.40, "alpha recovers"), (0.45, "replica 2 killed (SIGKILL)"),
+          (0.55, "replica 2 restarted"), (0.65, "rolling restart (SIGTERM)"))
+DRAIN = {"DRAIN_DELAY": "2", "DRAIN_TIMEOUT": "30"}
+"""The replicas' drain: the balancer sees a SIGTERM within a poll, well inside the delay."""
+POLL_SECONDS = 0.2
 
 CONFIG = """
 [providers.alpha]
@@ -123,18 +132,13 @@ class Upstream(ScriptedUpstream):
         return completion({"content": f"{self.name} answer"}, usage=USAGE)
 
 
-class DurableRedis(RedisServer):
-    """redis-server as a deployment that keeps state runs it: append-only file, fsync on every
-    write, so a SIGKILL loses nothing it acknowledged. (Without persistence, what Redis held
-    dies with it: the proxy adds back only what it counted while Redis was away.)"""
-
-    def start(self) -> DurableRedis:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        assert eventually(self.answers, timeout=30), "redis-server did not start"
-        return self
+def shipped_redis(folder: Path) -> RedisServer:
+    """redis-server as docker-compose.yml and deploy/kubernetes.yaml run it (they agree:
+    tests/test_docker.py), in `folder`: the append-only file fsynced on every write, so a
+    SIGKILL loses nothing it acknowledged. (Without persistence, what Redis held dies with it:
+    the proxy adds back only what it counted while Redis was away.)"""
+    arguments = tuple(shipped_redis_arguments()["compose"])
+    return RedisServer(free_port(), folder, arguments=arguments)
 
 
 class Replica:
@@ -176,6 +180,35 @@ class Replica:
                 self.kill()
             self.process = None
 
+    def drain(self) -> None:
+        """SIGTERM to the command's process only, as Kubernetes sends it to a pod's first
+        process (its parent passes it on to the workers); returns once it has exited."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+            self.process = None
+
+
+class Balancer:
+    """A load balancer's view of the replicas: in rotation while /health answers 200."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.ready = {replica.url: True for replica in replicas}
+        self.stopped = threading.Event()
+
+    def watch(self) -> None:
+        while not self.stopped.wait(POLL_SECONDS):
+            for replica in self.replicas:
+                self.ready[replica.url] = replica.serving()
+
+    def pick(self, turn: int) -> tuple[str, str]:
+        """A replica in rotation (any when none is), and another one for a failover."""
+        urls = [replica.url for replica in self.replicas]
+        ready = [url for url in urls if self.ready[url]] or urls
+        first = ready[turn % len(ready)]
+        return first, next((url for url in urls if url != first), first)
+
 
 # ---------------------------------------------------------------- the clients
 
@@ -194,7 +227,10 @@ class Attempt:
     request_id: str | None = None
     provider: str | None = None
     error_type: str | None = None
+    sent: float = field(default_factory=time.monotonic)
     ended: float = 0.0
+    phase: str = ""
+    """The fault under way when it was sent (`rolling restart` while the replicas drain)."""
 
 
 @dataclass
@@ -249,8 +285,8 @@ def judge(attempt: Attempt, response: httpx.Response, body: bytes) -> None:
     attempt.outcome = "served" if complete and attempt.provider else "malformed"
 
 
-def one_request(url: str, key: str, stream: bool, ledger: Ledger) -> Attempt:
-    attempt = Attempt(key, stream, str(uuid.uuid4()), url)
+def one_request(url: str, key: str, stream: bool, ledger: Ledger, phase: str = "") -> Attempt:
+    attempt = Attempt(key, stream, str(uuid.uuid4()), url, phase=phase)
     headers = {"x-api-key": KEYS[key], "x-claude-code-session-id": attempt.session}
     body = {"model": "claude-sonnet-4-6", "max_tokens": 64, "stream": stream,
             "messages": [{"role": "user", "content": "soak"}]}
@@ -268,17 +304,16 @@ def one_request(url: str, key: str, stream: bool, ledger: Ledger) -> Attempt:
     return attempt
 
 
-def client(number: int, key: str, urls: list[str], until: float, ledger: Ledger) -> None:
-    """Requests one after the other, streamed and not in turn, spread over the replicas; a
-    refused or cut attempt goes once to the other replica (a load balancer's failover)."""
+def client(number: int, key: str, soak: Soak, until: float, ledger: Ledger) -> None:
+    """Requests one after the other, streamed and not in turn, spread over the replicas in
+    rotation; a refused or cut attempt goes once to another replica (a failover)."""
     sent = 0
     while time.monotonic() < until:
-        url = urls[(number + sent) % len(urls)]
+        url, other = soak.balancer.pick(number + sent)
         stream = (number + sent) % 2 == 0
-        attempt = one_request(url, key, stream, ledger)
+        attempt = one_request(url, key, stream, ledger, soak.phase)
         if attempt.outcome in ("refused", "cut"):
-            other = urls[(number + sent + 1) % len(urls)]
-            one_request(other, key, stream, ledger)
+            one_request(other, key, stream, ledger, soak.phase)
         sent += 1
 
 
@@ -289,14 +324,18 @@ def client(number: int, key: str, urls: list[str], until: float, ledger: Ledger)
 class Soak:
     seconds: float
     folder: Path
-    redis: DurableRedis
+    redis: RedisServer
     alpha: Upstream
     beta: Upstream
     replicas: list[Replica]
     budget: float
+    balancer: Balancer
     started: float = 0.0
     events: list[str] = field(default_factory=list)
     killed_at: float = 0.0
+    phase: str = ""
+    sigterms: list[tuple[str, float]] = field(default_factory=list)
+    """Each replica's SIGTERM of the rolling restart: its URL, when."""
 
     def fault(self, what: str) -> None:
         """One of FAULTS, done now."""
@@ -313,12 +352,27 @@ class Soak:
             self.replicas[1].kill()
         elif what == "replica 2 restarted":
             self.replicas[1].start()
+        elif what.startswith("rolling restart"):
+            self.rolling_restart()
         self.events.append(f"{time.monotonic() - self.started:6.1f} s  {what}")
+
+    def rolling_restart(self) -> None:
+        """Each replica in turn: SIGTERM, drained and gone, started again, back in rotation
+        before the next one goes (a Deployment's rolling update with maxUnavailable 0)."""
+        self.phase = "rolling restart"
+        for number, replica in enumerate(self.replicas, 1):
+            self.sigterms.append((replica.url, time.monotonic()))
+            replica.drain()
+            self.events.append(f"{time.monotonic() - self.started:6.1f} s    replica {number} "
+                               "drained and stopped")
+            replica.start()
+            assert eventually(lambda r=replica: self.balancer.ready[r.url], timeout=30)
+        self.phase = ""
 
 
 @contextmanager
 def fleet(seconds: float, folder: Path) -> Iterator[Soak]:
-    redis = DurableRedis(free_port(), folder).start()
+    redis = shipped_redis(folder).start()
     alpha, beta = Upstream("alpha").start(), Upstream("beta").start()
     budget = round(BUDGET_PER_MINUTE * seconds / 60, 4)
     config = folder / "proxy.toml"
@@ -329,14 +383,18 @@ def fleet(seconds: float, folder: Path) -> Iterator[Soak]:
                     REDIS_PREFIX=f"soak-{uuid.uuid4().hex[:8]}:", REDIS_TIMEOUT="0.2",
                     SOAK_KEY_ANA=KEYS["ana"], SOAK_KEY_BEN=KEYS["ben"],
                     DATA_DIR=str(folder / "data"),
-                    LOG_LEVEL=os.environ.get("SOAK_LOG_LEVEL", "WARNING"))
+                    LOG_LEVEL=os.environ.get("SOAK_LOG_LEVEL", "WARNING"), **DRAIN)
     replicas = [Replica(config, env, folder) for _ in range(2)]
-    soak = Soak(seconds, folder, redis, alpha, beta, replicas, budget)
+    balancer = Balancer(replicas)
+    soak = Soak(seconds, folder, redis, alpha, beta, replicas, budget, balancer)
+    watching = threading.Thread(target=balancer.watch, daemon=True)
     try:
         for replica in replicas:
             replica.start()
+        watching.start()
         yield soak
     finally:
+        balancer.stopped.set()
         for replica in replicas:
             replica.stop()
         if redis.process is None:
@@ -349,10 +407,9 @@ def fleet(seconds: float, folder: Path) -> Iterator[Soak]:
 def run(soak: Soak) -> Ledger:
     """The clients for `soak.seconds`, with FAULTS at their shares of it."""
     ledger = Ledger()
-    urls = [replica.url for replica in soak.replicas]
     soak.started = time.monotonic()
     until = soak.started + soak.seconds
-    threads = [threading.Thread(target=client, args=(n, key, urls, until, ledger), daemon=True)
+    threads = [threading.Thread(target=client, args=(n, key, soak, until, ledger), daemon=True)
                for key in KEYS for n in range(CLIENTS_PER_KEY)]
     for thread in threads:
         thread.start()
@@ -428,6 +485,7 @@ def figures(soak: Soak, ledger: Ledger) -> Figures:
         failures.append(f"usage log: {len(lost)} served requests missing, {len(doubled)} "
                         f"doubled, {len(strays)} entries of requests not served")
     where = [where_served(soak, a) for a in served if a.session not in entries]
+    rolling_line = rolling_restart(soak, attempts, failures)
     # Spend: each key's counter against the prices of what it was served.
     spend_lines = []
     for key in KEYS:
@@ -476,6 +534,7 @@ def figures(soak: Soak, ledger: Ledger) -> Figures:
              f"{sum(a.stream for a in served)} streamed), {len(by['error'])} Anthropic errors "
              f"{errors}, {len(cut)} cut by the SIGKILL, {len(by['refused'])} refused "
              f"connections, {len(by['hung'])} hung, {len(by['malformed'])} malformed",
+             rolling_line,
              f"usage log: {sum(row['requests'] for row in rows)} entries for "
              f"{len(served)} served and {len(cut)} cut; {len(lost)} lost, {len(doubled)} "
              f"doubled, {len(strays)} stray{'; lost: ' + ', '.join(where) if where else ''}",
@@ -485,6 +544,23 @@ def figures(soak: Soak, ledger: Ledger) -> Figures:
              f"dashboard: {len(wanted) - len(missing)} of the last {len(wanted)} requests "
              f"listed (rows limit {limit}){not_listed}"]
     return Figures(lines, failures, attempts, entries)
+
+
+def rolling_restart(soak: Soak, attempts: list[Attempt], failures: list[str]) -> str:
+    """What the rolling restart did to the requests: those sent while it ran all answered
+    (none refused, none cut), and those open on a replica at its SIGTERM all finished."""
+    during = [a for a in attempts if a.phase == "rolling restart"]
+    unanswered = [a for a in during if a.outcome not in ("served", "error")]
+    open_then = [a for a in attempts for url, at in soak.sigterms
+                 if a.url == url and a.sent < at < a.ended]
+    cut = [a for a in open_then if a.outcome not in ("served", "error")]
+    if unanswered or cut:
+        failures.append(f"rolling restart: {len(unanswered)} of {len(during)} requests not "
+                        f"answered, {len(cut)} of the {len(open_then)} open at a SIGTERM cut")
+    streams = sum(a.stream for a in open_then)
+    return (f"rolling restart: {len(during)} requests sent while it ran, {len(unanswered)} "
+            f"not answered; {len(open_then)} open at the SIGTERMs ({streams} streams), "
+            f"{len(cut)} cut")
 
 
 def soak(seconds: float, say: Callable[[str], None] = print) -> Figures:

@@ -92,7 +92,7 @@ def test_requests_after_streams_pay_no_retry(closing: ClosingUpstream,
                 else:
                     assert response.json()["content"] == [{"type": "text", "text": expected}]
             metrics = client.get("/metrics").text
-        transport = app.state.service.client._client._transport
+        transport = app.state.wiring.service.client._client._transport
         assert isinstance(transport, AiohttpTransport)
     finally:
         stop_server(server, thread)

@@ -52,8 +52,9 @@ def test_kubernetes_runs_the_image_as_its_user_on_its_port() -> None:
                                       "runAsGroup": gid}
     (container,) = pod["containers"]
     assert container["ports"] == [{"name": "http", "containerPort": int(final_stage()["EXPOSE"])}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    # Readiness fails at SIGTERM (503 draining), liveness does not (server/drain.py).
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
     # The container test runs the image the same way (two workers, read-only, no capabilities).
     assert container["args"] == ["--workers", "2"]
     assert container["securityContext"] == {"readOnlyRootFilesystem": True,
@@ -79,3 +80,52 @@ def test_the_build_context_leaves_keys_and_caches_out() -> None:
     ignored = ROOT.joinpath(".dockerignore").read_text().split()
     for entry in (".env", ".env.*", ".venv", ".cache", ".git", "tests"):
         assert entry in ignored
+
+
+def shipped_redis_arguments() -> dict[str, list[str]]:
+    """The redis-server arguments deploy/kubernetes.yaml and docker-compose.yml run Redis
+    with (tests/soak.py runs its Redis with them)."""
+    documents = yaml.safe_load_all(ROOT.joinpath("deploy", "kubernetes.yaml").read_text())
+    redis = next(doc for doc in documents if doc["kind"] == "StatefulSet")
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    compose = yaml.safe_load(ROOT.joinpath("docker-compose.yml").read_text())
+    command = compose["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    return {"kubernetes": container["args"], "compose": command[1:]}
+
+
+def options(arguments: list[str]) -> dict[str, str]:
+    return dict(zip(arguments[::2], arguments[1::2], strict=True))
+
+
+def test_the_shipped_redis_keeps_spend_on_a_volume_and_evicts_nothing() -> None:
+    shipped = shipped_redis_arguments()
+    assert shipped["kubernetes"] == shipped["compose"]
+    found = options(shipped["compose"])
+    assert found["--appendonly"] == "yes" and found["--appendfsync"] == "always"
+    assert found["--maxmemory-policy"] == "noeviction" and found["--dir"] == "/data"
+    documents = list(yaml.safe_load_all(
+        ROOT.joinpath("deploy", "kubernetes.yaml").read_text()))
+    redis = next(doc for doc in documents if doc["kind"] == "StatefulSet")
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    assert container["volumeMounts"] == [{"name": claim["metadata"]["name"],
+                                          "mountPath": "/data"}]
+    compose = yaml.safe_load(ROOT.joinpath("docker-compose.yml").read_text())
+    (volume,) = compose["services"]["redis"]["volumes"]
+    name, target = volume.split(":")
+    assert target == "/data" and name in compose["volumes"]
+
+
+def test_the_grace_periods_cover_the_drain() -> None:
+    """Kubernetes and Docker wait for DRAIN_TIMEOUT and the last events before SIGKILL."""
+    from claude_proxy.config.settings import Settings
+    from claude_proxy.server.drain import FINAL_WRITES
+    default = Settings.model_fields["drain_timeout"].default + FINAL_WRITES
+    pod = deployment()["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= default
+    readiness = pod["containers"][0]["readinessProbe"]
+    delay = Settings.model_fields["drain_delay"].default
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] < delay
+    compose = yaml.safe_load(ROOT.joinpath("docker-compose.yml").read_text())
+    assert float(compose["services"]["claude-proxy"]["stop_grace_period"].rstrip("s")) >= default

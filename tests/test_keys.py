@@ -770,7 +770,7 @@ def test_doctor_lists_the_keys_and_the_price_of_every_model_they_reach(
                          env=env, capture_output=True, text=True, timeout=120)
     lines = run.stdout.splitlines()
     start = lines.index("keys (4)")
-    assert lines[start:start + 9] == [
+    assert lines[start:start + 10] == [
         "keys (4)",
         "  alice  budget $100.00 per month; all providers, all routes",
         "  bob    no budget; providers beta, all routes",
@@ -779,6 +779,8 @@ def test_doctor_lists_the_keys_and_the_price_of_every_model_they_reach(
         "prices (USD per million tokens: input / output / cache read / cache write)",
         "  alpha,alpha-middle  3 / 15 / 0.3 / 3.75 ([providers.alpha])",
         "  beta,beta-middle    0.5 / 1.5 / 0.5 / 0.5 ([providers.beta.models.\"beta-middle\"])",
+        f"    spend          ok    kept in {tmp_path / 'data' / 'usage.sqlite3'} (one process; "
+        "several share a budget only through REDIS_URL)",
         "Claude Code will work with this configuration.",
     ], run.stdout
     for key in TEAM_KEYS.values():

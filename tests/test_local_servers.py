@@ -357,20 +357,25 @@ def test_recorded_tool_result_refusal_is_retried_once_with_the_loop_as_text(
             {"role": "user", "content": f"<tool_response>\nsunny {n}\n</tool_response>"})]
 
 
-def test_tool_turns_refused_after_the_fold_was_learned_take_one_retry(
+def test_one_refusal_without_tool_turns_teaches_the_tool_turns_as_text_too(
         proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
-    """Claude Code's first request has no tool turn: the fold is learned alone; its next
-    request, folded but with a `tool` message, is refused once more and retried as text."""
+    """Claude Code's first request has no tool turn: its refusal (the recorded llama-server
+    answer) teaches the whole strict form, so the next requests, with `tool` messages, go as
+    text at once: one refusal per model, not two."""
     refused: list[dict[str, Any]] = []
     upstream.responder = strict_template(lambda body: completion({"content": "ok"}), refused)
     first = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     for messages in (first, tool_loop(1), tool_loop(2)):
         body = ask(model="gemma-3-strict-c", tools=[TOOL], messages=messages)
         assert sdk(proxy).messages.create(**body).content[0].text == "ok"  # type: ignore
-    assert len(refused) == 2 and len(upstream.requests) == 5
-    assert [m["role"] for m in refused[1]["messages"]] == ["user", "assistant", "tool"]
-    assert [m["role"] for m in upstream.requests[4]["messages"]] == [
-        "user", "assistant", "user", "assistant", "user"]
+    assert len(refused) == 1 and len(upstream.requests) == 4
+    assert [m["role"] for m in refused[0]["messages"]] == ["user", "user"]
+    assert upstream.requests[1]["messages"] == [{"role": "user", "content": "a\n\nb"}]
+    assert upstream.requests[3]["messages"] == [{"role": "user", "content": "weather?"}] + [
+        message for n in (1, 2) for message in (
+            {"role": "assistant", "content": '<tool_call>\n{"name":"get_weather",'
+             f'"arguments":{{"city":"City {n}"}}}}\n</tool_call>'},
+            {"role": "user", "content": f"<tool_response>\nsunny {n}\n</tool_response>"})]
 
 
 def test_thinking_only_assistant_turn_keeps_its_place(

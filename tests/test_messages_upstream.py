@@ -469,6 +469,57 @@ def test_a_signature_400_is_retried_once_without_the_foreign_thinking_and_rememb
     assert thinking == [["thinking", "text"], ["text"], ["text"]]
 
 
+class MovedModel:
+    """A stand-in for a model moved behind the same URL (or a key rotated at the endpoint):
+    its first answer is signed, and from then on it refuses, in Anthropic's words, every
+    thinking block whose signature it does not take: any signature (`refuses_empty`: the empty
+    one too)."""
+
+    def __init__(self, refuses_empty: bool) -> None:
+        self.refuses_empty = refuses_empty
+        self.refused = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        for at, turn in enumerate(body["messages"]):
+            for index, block in enumerate(turn["content"] if isinstance(turn["content"], list)
+                                          else []):
+                if block.get("type") == "thinking" and (block["signature"]
+                                                        or self.refuses_empty):
+                    self.refused += 1
+                    return anthropic_error(400, f"messages.{at}.content.{index}: Invalid "
+                                                "`signature` in `thinking` block")
+        return message_stream([
+            {"type": "thinking", "thinking": f"Turn {len(body['messages'])}.",
+             "signature": "SIG-FROM-THE-OLD-BACKEND"},
+            {"type": "text", "text": "ok"}], model=body["model"])
+
+
+@pytest.mark.parametrize(("provider", "refuses_empty", "sent_back"), [
+    ("kimi", False, [{"type": "thinking", "thinking": "Turn 1.", "signature": ""}]),
+    ("kimi", True, []),
+    ("glm", False, []),
+])
+def test_an_endpoint_refusing_its_own_signature_gets_none_and_the_conversation_goes_on(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream, provider: str,
+        refuses_empty: bool, sent_back: list[dict[str, Any]]) -> None:
+    """The proxy's own signed block goes back to the endpoint that minted it, which refuses
+    it: the retry carries no signature the endpoint refused (its own, then the empty one
+    where that is refused too), remembered for the model, so every later turn goes at once
+    with the thinking as the profile sends unsigned thinking (Kimi: `signature: ""`)."""
+    proxy = messages_proxy(proxy_factory, upstream, provider=provider)
+    upstream.responder = stand_in = MovedModel(refuses_empty)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
+    for turn in range(3):
+        message = stream(proxy, messages=messages, thinking={"type": "adaptive"})
+        assert message["content"][-1] == {"type": "text", "text": "ok"}, turn
+        messages += [{"role": "assistant", "content": message["content"]},
+                     {"role": "user", "content": f"turn {turn + 2}"}]
+    assert stand_in.refused == 1 + refuses_empty  # learned once, never refused again
+    last = upstream.requests[-1]["messages"]
+    assert last[1]["content"] == [*sent_back, {"type": "text", "text": "ok"}]
+    assert "SIG-FROM-THE-OLD-BACKEND" not in json.dumps(upstream.requests[-1])
+
+
 def test_minimax_gets_its_own_thinking_back_on_every_turn(
         proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream) -> None:
     # MiniMax returns signed thinking and takes it back verbatim (NousResearch/hermes-agent

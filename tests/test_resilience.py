@@ -265,7 +265,7 @@ def test_thousand_client_disconnects_leave_nothing_open(
 
 
 def assert_pool_settles(proxy: ProxyServer) -> None:
-    client = proxy.app.state.service.client
+    client = proxy.app.state.wiring.service.client
     assert eventually(lambda: client.connection_counts()["active"] == 0), (
         client.connection_counts())
 
@@ -310,7 +310,7 @@ def test_finished_streams_leave_their_upstream_connection_for_the_next(
         upstream.queue(text_stream([f"answer {n}"]))
         assert accumulate(events_of(post(proxy)))["content"][0]["text"] == f"answer {n}"
         assert_pool_settles(proxy)
-        assert proxy.app.state.service.client.connection_counts() == {"active": 0, "idle": 1}
+        assert proxy.app.state.wiring.service.client.connection_counts() == {"active": 0, "idle": 1}
 
 
 def test_proxy_keeps_working_after_faults(proxy: ProxyServer,

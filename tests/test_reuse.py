@@ -121,7 +121,7 @@ class Pair:
         """Each example starts with nothing refused and a healthy DeepSeek."""
         self.script.failing, self.script.refusing = False, set()
         for proxy in (self.kept, self.whole):
-            for provider in proxy.app.state.service.providers.values():
+            for provider in proxy.app.state.wiring.service.providers.values():
                 for model in {model for name, model in _routes() if name == provider.name}:
                     for refused in ("cache_control", "reasoning"):
                         provider.refusals.store.delete(

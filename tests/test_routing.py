@@ -104,7 +104,7 @@ def routed_proxy(tmp_path: Path, upstreams: dict[str, ScriptedUpstream]
                             thread)
         started.append(proxy)
         assert eventually(lambda: serving(proxy.url))
-        for provider in app.state.service.providers.values():
+        for provider in app.state.wiring.service.providers.values():
             provider.health.clock = Clock()
         return proxy
 
@@ -299,7 +299,7 @@ def test_no_failover_after_the_first_byte(routed_proxy: Callable[..., ProxyServe
 def test_cooldown_keeps_traffic_away_until_exactly_one_probe(
         routed_proxy: Callable[..., ProxyServer], upstreams: dict[str, ScriptedUpstream]) -> None:
     proxy = routed_proxy()
-    alpha = proxy.app.state.service.providers["alpha"]
+    alpha = proxy.app.state.wiring.service.providers["alpha"]
     upstreams["alpha"].queue(error_reply(503, "down"), error_reply(503, "down"))
     for _ in range(2):
         assert post(proxy).status_code == 200  # served by beta after alpha failed
@@ -380,7 +380,7 @@ def test_a_server_not_set_up_for_the_request_fails_over_without_retry(
     assert answer_text(post(proxy)) == "scripted default"
     assert received(upstreams) == {"alpha": ["alpha-main"], "beta": ["beta-fallback"],
                                    "gamma": []}
-    alpha = proxy.app.state.service.providers["alpha"].health.snapshot()
+    alpha = proxy.app.state.wiring.service.providers["alpha"].health.snapshot()
     assert alpha.misconfigured and alpha.state == "healthy"
     upstreams["alpha"].queue(error_reply(500, "tools param requires --jinja flag"))
     upstreams["beta"].queue(error_reply(500, "tools param requires --jinja flag"))

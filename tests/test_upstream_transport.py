@@ -290,7 +290,7 @@ def test_no_session_outlives_shutdown_or_reload(raw: RawServer,
     async def cycle() -> AiohttpTransport:
         app = create_app(settings)
         async with app.router.lifespan_context(app):
-            client = app.state.service.client
+            client = app.state.wiring.service.client
             await client.complete({"model": "m", "messages": []})
             transport = client._client._transport
             assert isinstance(transport, AiohttpTransport) and transport.session is not None

@@ -247,7 +247,7 @@ def test_ping_while_the_search_runs(proxy_factory: Callable[..., ProxyServer],
     timeout ends the search."""
     proxy = search_proxy(proxy_factory, search_backend, web_search_timeout=1)
     assert eventually(lambda: serving(proxy.url))  # the flow exists once the app started
-    proxy.app.state.search.ping_seconds = 0.05
+    proxy.app.state.wiring.search.ping_seconds = 0.05
     search_backend.mode = "hang"
     response = httpx.post(f"{proxy.url}/v1/messages", json=side_query(), timeout=30)
     types = [json.loads(line[6:])["type"] for line in response.text.splitlines()

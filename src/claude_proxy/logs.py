@@ -46,6 +46,10 @@ class RedactingFilter(logging.Filter):
         super().__init__()
         self._secrets = sorted(secrets, key=len, reverse=True)
 
+    def add(self, secrets: list[str]) -> None:
+        """Secrets configured since (a reload): redacted from now on too."""
+        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
+
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "redacted", False):  # already done by the other handler
             return True
@@ -138,3 +142,11 @@ def configure_logging(level: str, log_file: str | None, secrets: list[str]) -> N
     file_handler = open_log_file(log_file) if log_file else None
     if file_handler is not None:
         attach(file_handler)
+
+
+def redact_also(secrets: list[str]) -> None:
+    """Secrets a reload brought (a new key): every handler's redaction takes them too."""
+    for handler in logging.getLogger().handlers:
+        for found in handler.filters:
+            if isinstance(found, RedactingFilter):
+                found.add(secrets)

@@ -92,6 +92,9 @@ class RequestRecord:
     charged: bool = False
     """Whether the key's spend and the usage entry were written (once, before the response
     ended, or when it was cut)."""
+    charger: Charger | None = None
+    """Who charges it: the ledger of the configuration the request started on (set when its
+    key is known; a reload meanwhile does not change it); None: nothing to charge."""
     input_estimate: int = 0
     """The proxy's own estimate of the input sent (calibrated against what the upstream
     reports: routing/calibration.py)."""

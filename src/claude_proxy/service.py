@@ -136,6 +136,9 @@ class CandidateWalk:
         return True
 
 
+LEARNED_RETRIES = 2
+"""How often one attempt is sent again after a refusal that taught what to leave out: a
+refused signature can be followed by a refusal of the unsigned thinking sent in its place."""
 EXACT_NEAR_WINDOW = 0.5
 """On the request path, an OpenAI-family request is tokenized exactly (before the upstream has
 measured its conversation) once its plain estimate reaches this share of the window: below
@@ -500,25 +503,33 @@ class MessagesService:
                                      needs_reasoning(self.settings_of(provider)))
         body = edited.body
         upstream = self.convert(provider, candidate.model, body, cache_key, turns)
-        try:
-            return (Attempt(provider, candidate, upstream, fit, edited.applied),
-                    await _timed_send(provider, upstream, send))
-        except ProxyError as error:
-            known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
-            refused = [] if known else api_of(upstream).refused_fields(error, upstream)
-            if not refused:
-                raise
-            model = candidate.model
-            what = (f"the reasoning fields {sorted(upstream.extras)}" if refused == [REASONING]
-                    else ", ".join(refused))
-            logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
-                           "it out for this model from now on", model, what, error.message)
-            for field in refused:
-                provider.refusals.remember(model, field)
-            await self.store.sync()  # the fleet leaves it out from now on, too
+        for _ in range(LEARNED_RETRIES):
+            try:
+                return (Attempt(provider, candidate, upstream, fit, edited.applied),
+                        await _timed_send(provider, upstream, send))
+            except ProxyError as error:
+                if not await self._learned(provider, candidate.model, error, upstream):
+                    raise
             upstream = self.convert(provider, candidate.model, body, cache_key, turns)
-            return (Attempt(provider, candidate, upstream, fit, edited.applied),
-                    await _timed_send(provider, upstream, send))
+        return (Attempt(provider, candidate, upstream, fit, edited.applied),
+                await _timed_send(provider, upstream, send))
+
+    async def _learned(self, provider: Provider, model: str, error: ProxyError,
+                       upstream: UpstreamRequest) -> bool:
+        """Whether the error refuses something the proxy may leave out; if so it is
+        remembered for the model (and the fleet) before the request is sent again."""
+        known = isinstance(error, ContextOverflow | MisconfiguredUpstream)
+        refused = [] if known else api_of(upstream).refused_fields(error, upstream)
+        if not refused:
+            return False
+        what = (f"the reasoning fields {sorted(upstream.extras)}" if refused == [REASONING]
+                else ", ".join(refused))
+        logger.warning("upstream model %s refused %s (%s); retrying without, and leaving "
+                       "it out for this model from now on", model, what, error.message)
+        for name in refused:
+            provider.refusals.remember(model, name)
+        await self.store.sync()  # the fleet leaves it out from now on, too
+        return True
 
     # ------------------------------------------------------------ entry points
 

@@ -1,7 +1,7 @@
 """The `claude-proxy` command.
 
     claude-proxy [serve] [--env-file PATH | --env NAME] [--config FILE] [--host H] [--port P]
-                         [--workers N]
+                         [--workers N] [--watch-config]
     claude-proxy doctor  [--env-file PATH | --env NAME] [--config FILE] [--time-limit SECONDS]
     claude-proxy keys new NAME | usage [...] | statusline   (key_commands.py)
     claude-proxy env     [--env-file PATH | --env NAME] [--config FILE] [--shell SHELL]
@@ -18,10 +18,12 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 from claude_proxy import __version__
 from claude_proxy.cli import key_commands as keys_cli
 from claude_proxy.cli.launcher import SHELLS, print_environment, run_claude, serve_arguments
+from claude_proxy.cli.supervisor import run_workers
 from claude_proxy.config.file import (
     KEYLESS_PROFILES,
     ConfigurationError,
@@ -46,6 +49,8 @@ from claude_proxy.logs import configure_logging
 from claude_proxy.routing.reach import check_budgets
 from claude_proxy.routing.router import Router
 from claude_proxy.server.app import create_app
+from claude_proxy.server.drain import graceful_shutdown
+from claude_proxy.server.reload import Source
 from claude_proxy.state.store import display_url
 from claude_proxy.ui.recorder import WORKERS_VARIABLE
 from claude_proxy.websearch.table import describe, with_search_table
@@ -78,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="listen port (PORT, default 8082)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes (default 1); they share one port")
+    parser.add_argument("--watch-config", action="store_true",
+                        help="reload when the config file or the env file changes, as SIGHUP "
+                             "does (WATCH_CONFIG)")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="doctor: seconds each provider's checks may take (default 60)")
     parser.add_argument("--shell", choices=SHELLS, default="bash",
@@ -293,12 +301,16 @@ def http_protocol() -> Any:
 
 
 def worker_app() -> FastAPI:
-    """Application factory for `--workers`: each worker process reads the same settings."""
-    env_file = os.environ.get(ENV_FILE_VARIABLE)
-    config = read_config(Path(env_file) if env_file else None)
+    """Application factory for `--workers`: each worker process reads the same settings (and
+    reads them again on SIGHUP, which the parent passes on)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app takes it: a reload, not an end
+    named = os.environ.get(ENV_FILE_VARIABLE)
+    env_file = Path(named) if named else None
+    config = read_config(env_file)
     settings = config.settings
     configure_logging(settings.log_level, settings.log_file, config.secrets())
-    app = create_app(settings, config=config)
+    app = create_app(settings, config=config, source=Source(partial(read_config, env_file),
+                                                           env_file))
     tune_process()
     return app
 
@@ -313,9 +325,13 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
     warn_about_stray_variables(config)
     options = {"host": host, "port": port, "log_config": None,
                "log_level": settings.log_level.lower(), "access_log": False,
-               "http": http_protocol()}
+               "http": http_protocol(),
+               "timeout_graceful_shutdown": graceful_shutdown(settings.drain_delay,
+                                                              settings.drain_timeout)}
     if args.workers <= 1:
-        app = create_app(settings, config=config)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app takes it: a reload
+        app = create_app(settings, config=config,
+                         source=Source(partial(read_config, env_file, args.config), env_file))
         tune_process()
         uvicorn.run(app, **options)
         return 0
@@ -327,8 +343,8 @@ def serve(config: ProxyConfig, env_file: Path | None, args: argparse.Namespace) 
         # Workers must agree on the secret, or one could not verify another's thinking blocks.
         os.environ["THINKING_SIGNATURE_SECRET"] = secrets.token_hex(32)
     with metrics_directory():
-        uvicorn.run("claude_proxy.cli.command_line:worker_app", factory=True, workers=args.workers,
-                    **options)
+        run_workers("claude_proxy.cli.command_line:worker_app", args.workers,
+                    settings.drain_delay, **options)
     return 0
 
 
@@ -379,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         own, claude_args = split_claude_arguments(argv[1:])
         argv = ["claude", *own]
     args = build_parser().parse_args(argv)
+    if args.watch_config:
+        os.environ["WATCH_CONFIG"] = "true"  # the workers read it too
     env_file = env_file_of(args)
     try:
         config = read_config(env_file, args.config)

@@ -12,12 +12,16 @@ asks for few tokens (8 for the basic request, 64 for the tool, 1 for llama-serve
 measure) and the streamed reasoning probe stops reading as soon as its verdict is known (the
 first reasoning text says where reasoning is carried; a first answer with none before it says
 there is none). Each line is printed as its check completes, and each provider gets a time
-limit (`--time-limit`), after which its remaining checks are reported as not run.
+limit (`--time-limit`), after which its remaining checks are reported as not run, with how fast
+the server answered those that finished and the limit that would let them all finish; a limit
+reached is no verdict (exit status 3 when nothing failed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,10 +34,12 @@ from claude_proxy.config.settings import TIERS, ProviderSettings, SearchSettings
 from claude_proxy.conversion.deltas import OpaqueReasoning, ReasoningText
 from claude_proxy.conversion.request_converter import convert_request
 from claude_proxy.errors import ProxyError
+from claude_proxy.keys.usage_log import FILE_NAME
 from claude_proxy.routing.discovery import discover, windows
 from claude_proxy.routing.reach import reachable
 from claude_proxy.routing.router import Router
-from claude_proxy.state import check_store
+from claude_proxy.server.wiring import data_dir
+from claude_proxy.state import check_durability, check_store
 from claude_proxy.upstream import llamacpp, responses
 from claude_proxy.upstream.api import MESSAGES, Build, api_for
 from claude_proxy.upstream.capabilities import Refusals
@@ -50,6 +56,18 @@ REASONING_TOKENS = 256
 """The reasoning probe's max_tokens: reasoning comes first, and reading stops at it."""
 ANSWER_WITHOUT_REASONING = 64
 """Characters of answer with no reasoning before them: the verdict is that none comes."""
+TOOLS_TOKENS = 64
+"""The tools probe's max_tokens: enough for a call, little for a model that answers in prose."""
+RESPONSES_REASONING_TOKENS = 2048
+PROBE_TOKENS = {"chat": 8 + REASONING_TOKENS + TOOLS_TOKENS,
+                "responses": 8 + RESPONSES_REASONING_TOKENS + TOOLS_TOKENS,
+                "messages": 8 + REASONING_TOKENS + TOOLS_TOKENS}
+"""The most tokens one model's checks ask for, by API (llama-server's measure adds 2)."""
+MARGIN = 1.5
+"""The suggested --time-limit: the time the probes' tokens take at the measured speed, this
+many times over, rounded up to ten seconds."""
+NOT_CHECKED = 3
+"""Exit status when nothing failed but the time limit cut checks: no verdict."""
 
 Say = Callable[[str], None]
 T = TypeVar("T")
@@ -67,6 +85,34 @@ class Check:
         return f"    {self.name:<14} {mark:<5} {self.detail}".rstrip()
 
 
+def output_tokens(answer: Any) -> int:
+    """The tokens an answer says it generated (Chat Completions, Responses, Messages)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    count = usage.get("completion_tokens", usage.get("output_tokens"))
+    return count if isinstance(count, int) else 0
+
+
+@dataclass
+class Pace:
+    """How fast a provider's server answered the probes that finished: tokens generated per
+    second, its reading of the prompt included (a slow local server's figure)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+    async def timed(self, answer: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        result = await answer
+        self.seconds += time.perf_counter() - started
+        self.tokens += output_tokens(result)
+        return result
+
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
+
+
 @dataclass
 class ModelReport:
     """One model's checks, each said as it is added."""
@@ -75,6 +121,8 @@ class ModelReport:
     tiers: list[str]
     say: Say
     checks: list[Check] = field(default_factory=list)
+    pace: Pace = field(default_factory=Pace)
+    """The provider's (shared by its models' reports)."""
 
     def add(self, *checks: Check) -> None:
         for check in checks:
@@ -131,13 +179,13 @@ async def check_chat_model(client: OpenAIClient, settings: ProviderSettings, mod
     """A /chat/completions model: reachable, then its reasoning fields, then tools."""
     plain = convert_request(anthropic_request(model, thinking={"type": "disabled"}), settings)
     try:  # not streamed, as before: a server refusing stream_options still passes here
-        await client.complete(plain.body)
+        await report.pace.timed(client.complete(plain.body))
     except ProxyError as error:
         report.add(describe_failure(error))
         return
     report.add(Check("reachable", True), Check("auth", True), Check("model exists", True))
     report.add(await check_reasoning(client, settings, model))
-    report.add(await check_tools(client, settings, model))
+    report.add(await check_tools(client, settings, model, report.pace))
 
 
 class ReasoningJudge:
@@ -179,15 +227,16 @@ async def check_reasoning(client: OpenAIClient, settings: ProviderSettings, mode
     return Check("reasoning", True, f"sent {sent}; text in {where}")
 
 
-async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: str) -> Check:
-    """Not streamed (as before, so the verdicts stay those of a plain request), 64 tokens at
-    most: enough for a call, little for a model that answers in prose."""
+async def check_tools(client: OpenAIClient, settings: ProviderSettings, model: str,
+                      pace: Pace) -> Check:
+    """Not streamed (as before, so the verdicts stay those of a plain request), TOOLS_TOKENS
+    at most."""
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                max_tokens=64,
+                                max_tokens=TOOLS_TOKENS,
                                 messages=[{"role": "user", "content":
                                            "What time is it? Use the get_time tool."}])
     try:
-        completion = await client.complete(convert_request(request, settings).body)
+        completion = await pace.timed(client.complete(convert_request(request, settings).body))
     except ProxyError as error:
         return Check("tools", False, f"rejected ({error.status}: {error.message})")
     choices = completion.get("choices") or [{}]
@@ -214,7 +263,7 @@ async def check_responses_model(client: OpenAIClient, settings: ProviderSettings
     plain = responses.convert_request(anthropic_request(model, thinking={"type": "disabled"}),
                                       settings, model=model)
     try:
-        await client.respond(plain.body)
+        await report.pace.timed(client.respond(plain.body))
     except ProxyError as error:
         report.add(describe_failure(error))
         return
@@ -222,12 +271,12 @@ async def check_responses_model(client: OpenAIClient, settings: ProviderSettings
                Check("model exists", True))
     report.add(*await check_responses_reasoning(client, settings, model))
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                max_tokens=64, messages=[{"role": "user", "content":
-                                                          "What time is it? Use the get_time "
-                                                          "tool."}])
+                                max_tokens=TOOLS_TOKENS, messages=[{"role": "user", "content":
+                                                                    "What time is it? Use the "
+                                                                    "get_time tool."}])
     try:
-        answer = await client.respond(responses.convert_request(request, settings,
-                                                                model=model).body)
+        answer = await report.pace.timed(client.respond(responses.convert_request(
+            request, settings, model=model).body))
     except ProxyError as error:
         report.add(Check("tools", False, f"rejected ({error.status}: {error.message})"))
         return
@@ -240,7 +289,8 @@ async def check_responses_reasoning(client: OpenAIClient, settings: ProviderSett
                                     model: str) -> list[Check]:
     """Ask with summaries; a 400 refusing them (an unverified organisation) is reported and
     the question asked again without, as the proxy itself would."""
-    request = anthropic_request(model, thinking={"type": "adaptive"}, max_tokens=2048,
+    request = anthropic_request(model, thinking={"type": "adaptive"},
+                                max_tokens=RESPONSES_REASONING_TOKENS,
                                 messages=[{"role": "user", "content": "What is 17 * 23?"}])
     body = responses.convert_request(request, settings, model=model).body
     summaries = Check("summaries", True, "")
@@ -292,7 +342,7 @@ async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
     unknown names to another model says so only in the answer's `model`), thinking, tools;
     each probe asks for few tokens (a slow local server answers in seconds)."""
     answer, failure = await _ask_messages(client, settings, model, anthropic_request(
-        model, thinking={"type": "disabled"}))
+        model, thinking={"type": "disabled"}), report.pace)
     if answer is None:
         report.add(failure or Check("basic request", False))
         return
@@ -301,7 +351,7 @@ async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
     request = anthropic_request(model, thinking={"type": "adaptive"},
                                 max_tokens=REASONING_TOKENS,
                                 messages=[{"role": "user", "content": "What is 17 * 23?"}])
-    answer, failure = await _ask_messages(client, settings, model, request)
+    answer, failure = await _ask_messages(client, settings, model, request, report.pace)
     if answer is None:
         report.add(Check("reasoning", False, failure.detail if failure else "",
                          required=False))
@@ -313,10 +363,10 @@ async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
                          f"{', signed' if signed else ', unsigned'}" if text
                          else "no thinking block came back", required=False))
     request = anthropic_request(model, tools=[CLOCK_TOOL], thinking={"type": "disabled"},
-                                max_tokens=64, messages=[{"role": "user", "content":
-                                                          "What time is it? Use the get_time "
-                                                          "tool."}])
-    answer, failure = await _ask_messages(client, settings, model, request)
+                                max_tokens=TOOLS_TOKENS, messages=[{"role": "user", "content":
+                                                                    "What time is it? Use the "
+                                                                    "get_time tool."}])
+    answer, failure = await _ask_messages(client, settings, model, request, report.pace)
     if answer is None:
         report.add(Check("tools", False, failure.detail if failure else ""))
         return
@@ -327,11 +377,12 @@ async def check_messages_model(client: OpenAIClient, settings: ProviderSettings,
 
 
 async def _ask_messages(client: OpenAIClient, settings: ProviderSettings, model: str,
-                        request: dict[str, Any]) -> tuple[dict[str, Any] | None, Check | None]:
+                        request: dict[str, Any], pace: Pace,
+                        ) -> tuple[dict[str, Any] | None, Check | None]:
     """One request as the proxy would send it (the answer, or the failure's check)."""
     upstream = MESSAGES.build(request, settings, Build(model, Refusals()))
     try:
-        return await MESSAGES.send_once(client, upstream), None
+        return await pace.timed(MESSAGES.send_once(client, upstream)), None
     except ProxyError as error:
         return None, describe_failure(error)
 
@@ -353,10 +404,14 @@ MODEL_CHECKS: dict[str, ModelChecks] = {"chat": check_chat_model,
 """Each upstream API's checks, by the API's name."""
 
 
+Verdict = bool | None
+"""Whether a model works; None: its checks were cut by the time limit (no verdict)."""
+
+
 async def diagnose_provider(name: str, settings: ProviderSettings, routed: list[tuple[str, str]],
-                            say: Say, time_limit: float = TIME_LIMIT) -> dict[str, bool]:
+                            say: Say, time_limit: float = TIME_LIMIT) -> dict[str, Verdict]:
     """Say one provider's lines as its checks complete; whether each of its models works
-    (a model whose checks the time limit cut short does not count as working)."""
+    (None for a model whose checks the time limit cut short: nobody judged it)."""
     props = await server_props(settings) if (settings.provider_name == llamacpp.PROFILE or
                                              llamacpp.recognisable(settings)) else None
     if props is not None and settings.provider is None:
@@ -370,22 +425,46 @@ async def diagnose_provider(name: str, settings: ProviderSettings, routed: list[
         f"{'on' if settings.reasons_with_tools else 'off'}")
     client = OpenAIClient(settings.model_copy(update={"max_retries": 0}))
     models = configured_models(settings, routed)
-    works = dict.fromkeys((model for model, _ in models), False)
+    works: dict[str, Verdict] = dict.fromkeys(model for model, _ in models)
+    pace = Pace()
+    report: ModelReport | None = None
     try:
         async with asyncio.timeout(time_limit):
             for model, uses in models:
                 say(f"  {model} ({', '.join(uses)})")
-                report = ModelReport(model, uses, say)
+                report = ModelReport(model, uses, say, pace=pace)
                 await check_model(client, settings, model, report)
                 if settings.provider_name == llamacpp.PROFILE and report.checks[0].ok:
                     await llamacpp_checks(client, settings, model, props, report)
                 works[model] = report.ok
     except TimeoutError:
-        say(Check("time limit", False, f"{time_limit:g} s reached for provider {name} "
-                  "(--time-limit): its remaining checks were not run").line())
+        if report is not None and any(c.required and not c.ok for c in report.checks):
+            works[report.model] = False  # a FAIL seen before the limit is a verdict
+        say(time_limit_check(name, settings, works, report, pace, time_limit).line())
     finally:
         await client.aclose()
     return works
+
+
+def time_limit_check(name: str, settings: ProviderSettings, works: dict[str, Verdict],
+                     cut: ModelReport | None, pace: Pace, time_limit: float) -> Check:
+    """What the time limit left unchecked, how fast the server answered the probes that
+    finished, and the --time-limit that would let them all finish at that speed."""
+    unchecked = [model for model, verdict in works.items() if verdict is None]
+    where = [f"{model} (after its {cut.checks[-1].name} check)"
+             if cut is not None and model == cut.model and cut.checks else model
+             for model in unchecked]
+    rate = pace.rate()
+    if rate is None:
+        speed = "the server finished no probe within it, so its speed is unknown"
+    else:
+        tokens = sum(PROBE_TOKENS[api_for(model, settings).name]
+                     + 2 * (settings.provider_name == llamacpp.PROFILE) for model in works)
+        enough = max(time_limit, math.ceil(tokens / rate * MARGIN / 10) * 10)
+        speed = (f"the server answered at {rate:.1f} tokens/s; --time-limit {enough:g} should "
+                 f"let them finish ({tokens} tokens at most)")
+    return Check("time limit", False, f"{time_limit:g} s reached for provider {name} "
+                 f"(--time-limit): not checked: {', '.join(where)}; {speed}", required=False)
 
 
 def printed(line: str) -> None:
@@ -393,9 +472,10 @@ def printed(line: str) -> None:
 
 
 async def diagnose(config: ProxyConfig, say: Say | None = None,
-                   time_limit: float = TIME_LIMIT) -> tuple[list[str], bool]:
+                   time_limit: float = TIME_LIMIT) -> tuple[list[str], Verdict]:
     """Every provider's models, then every route: the route works if its model does. Each
-    line is kept and, as it is known, given to `say`."""
+    line is kept and, as it is known, given to `say`. The verdict: None when nothing failed
+    but the time limit cut checks."""
     lines: list[str] = []
 
     def out(line: str) -> None:
@@ -408,7 +488,7 @@ async def diagnose(config: ProxyConfig, say: Say | None = None,
     routes += [("fallback", c) for c in router.fallbacks()]
     out(f"claude-proxy doctor: {len(config.providers)} provider"
         f"{'s' if len(config.providers) > 1 else ''} from {config.source}")
-    works: dict[tuple[str, str], bool] = {}
+    works: dict[tuple[str, str], Verdict] = {}
     for name, settings in config.providers.items():
         routed = [(c.model, route) for route, c in routes if c.provider == name]
         provider_works = await diagnose_provider(name, settings, routed, out, time_limit)
@@ -416,14 +496,15 @@ async def diagnose(config: ProxyConfig, say: Say | None = None,
     await discover(config)
     known = windows(config)
     for route, c in routes:
-        ok = works.get((c.provider, c.model), False)
-        out(f"  route {route:<12} {'ok' if ok else 'FAIL':<5} {c.provider},{c.model}"
+        verdict = works.get((c.provider, c.model), False)
+        mark = "ok" if verdict else "FAIL" if verdict is False else "?"
+        out(f"  route {route:<12} {mark:<5} {c.provider},{c.model}"
             f" {window_note(known.get(c.provider, {}).get(c.model))}")
     if not routes:
         for provider, models in known.items():
             for model, facts in models.items():
                 out(f"  {provider},{model} {window_note(facts)}")
-    ok = all(works.values())
+    ok = all(verdict is not False for verdict in works.values())
     if config.settings.web_search_backend:
         out(f"web search backend {config.settings.web_search_backend}")
         search = await check_search_backend(config.settings)
@@ -437,9 +518,38 @@ async def diagnose(config: ProxyConfig, say: Say | None = None,
         works_shared, said = await check_store(settings.redis_url.get_secret_value(),
                                                settings.redis_prefix, settings.redis_timeout)
         out(Check("redis", works_shared, said, required=False).line())
-    out("Claude Code will work with this configuration." if ok else
-        "Claude Code will NOT work yet: fix the FAIL lines above.")
-    return lines, ok
+    spend = await check_spend(config)
+    if spend is not None:
+        out(spend.line())
+    unchecked = sorted({provider for (provider, _), verdict in works.items() if verdict is None})
+    if not ok:
+        out("Claude Code will NOT work yet: fix the FAIL lines above.")
+        return lines, False
+    if unchecked:
+        out(f"No verdict: the time limit cut the checks of {', '.join(unchecked)} (see its "
+            "time limit line); nothing failed before it.")
+        return lines, None
+    out("Claude Code will work with this configuration.")
+    return lines, True
+
+
+async def check_spend(config: ProxyConfig) -> Check | None:
+    """Whether the spend of keys with budgets survives a restart (None without such keys):
+    with REDIS_URL what Redis says of its persistence and eviction, else the usage file."""
+    if not any(spec.budget_usd is not None for spec in config.keys.values()):
+        return None
+    settings = config.settings
+    if settings.redis_url is None:
+        return Check("spend", True, f"kept in {data_dir(config) / FILE_NAME} (one process; "
+                     "several share a budget only through REDIS_URL)")
+    found = await check_durability(settings.redis_url.get_secret_value(),
+                                   settings.redis_timeout)
+    if found is None:
+        return Check("spend", False, "Redis did not say how it keeps data", required=False)
+    if found["warning"]:
+        return Check("spend", False, str(found["warning"]), required=False)
+    return Check("spend", True, f"kept by Redis: {found['persistence']}, maxmemory-policy "
+                 f"{found['eviction']}")
 
 
 def keys_report(config: ProxyConfig) -> list[str]:
@@ -520,13 +630,13 @@ def check_context(props: llamacpp.Props) -> Check:
 
 
 async def check_template_tools(client: OpenAIClient, settings: ProviderSettings,
-                               model: str) -> Check:
+                               model: str, pace: Pace) -> Check:
     """Jinja on, and the template renders tools (a tool costs prompt tokens)."""
     plain = anthropic_request(model, max_tokens=1, thinking={"type": "disabled"})
     try:
-        without = await client.complete(convert_request(plain, settings).body)
-        with_tool = await client.complete(convert_request(
-            {**plain, "tools": [CLOCK_TOOL]}, settings).body)
+        without = await pace.timed(client.complete(convert_request(plain, settings).body))
+        with_tool = await pace.timed(client.complete(convert_request(
+            {**plain, "tools": [CLOCK_TOOL]}, settings).body))
     except MisconfiguredUpstream as error:
         detail = JINJA if error.advice == JINJA else error.advice
         return Check("jinja", False, detail)
@@ -552,12 +662,13 @@ def _prompt_tokens(completion: dict[str, Any]) -> int | None:
 async def llamacpp_checks(client: OpenAIClient, settings: ProviderSettings, model: str,
                           props: llamacpp.Props | None, report: ModelReport) -> None:
     """The llama-server lines of one model: Jinja and tools, then the context size."""
-    report.add(await check_template_tools(client, settings, model))
+    report.add(await check_template_tools(client, settings, model, report.pace))
     if props is not None:
         report.add(check_context(props))
 
 
 def run_doctor(config: ProxyConfig, time_limit: float = TIME_LIMIT) -> int:
-    """Each line printed (flushed) as soon as it is known."""
-    _, ok = asyncio.run(diagnose(config, printed, time_limit))
-    return 0 if ok else 1
+    """Each line printed (flushed) as soon as it is known; exit status 0 (will work), 1 (a
+    FAIL line) or NOT_CHECKED (cut by the time limit, nothing failed)."""
+    _, verdict = asyncio.run(diagnose(config, printed, time_limit))
+    return {True: 0, False: 1, None: NOT_CHECKED}[verdict]

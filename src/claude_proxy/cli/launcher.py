@@ -290,8 +290,10 @@ class BackgroundProxy:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
+        """SIGINT, not SIGTERM: a session's proxy serves nobody else, so it stops at once
+        rather than draining for a load balancer (server/drain.py)."""
         if self.process.poll() is None:
-            self.process.terminate()
+            self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:

@@ -487,6 +487,16 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     """SAFEGUARDS_TIMEOUT: seconds the judge may take per tool call; then `unavailable`."""
     refusal_ttl: float = Field(default=24 * 3600, gt=0)
     """REFUSAL_TTL: seconds a field an upstream model refused is left out (then tried again)."""
+    drain_delay: float = Field(default=5.0, ge=0)
+    """DRAIN_DELAY: seconds after SIGTERM during which /health answers 503 `draining` while
+    requests are still served (the time a load balancer takes to notice); then the socket
+    closes (server/drain.py)."""
+    drain_timeout: float = Field(default=600.0, gt=0)
+    """DRAIN_TIMEOUT: seconds after SIGTERM that open answers may take to finish; a stream
+    still open then ends with an `overloaded_error` event, which clients retry."""
+    watch_config: bool = False
+    """WATCH_CONFIG (`--watch-config`): reload when the config file or the env file changes
+    (a Kubernetes ConfigMap or Secret update), as SIGHUP does."""
 
     tool_groups_disabled: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: scan_prefixed(os.environ, TOOL_GROUPS_DISABLED))

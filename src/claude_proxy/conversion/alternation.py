@@ -11,11 +11,12 @@ into the last tool result. Tool results themselves stay
 directly after the assistant message that called them, where the Mistral family expects them.
 
 Gemma 3's template goes further: a `tool` message is neither user nor assistant, so the first
-tool result breaks the alternation whatever is folded. For a model that refused a folded
-conversation (or one with tool turns) the tool loop is carried as text: each call becomes
-assistant text naming the tool and its arguments (Hermes' `<tool_call>` JSON, which
-conversion/text_tool_calls.py reads back should the model imitate it), each result user text
-in a `<tool_response>` envelope, in order; then the conversation is folded as above.
+tool result breaks the alternation whatever is folded. So one refusal teaches the whole strict
+form (`upstream/capabilities.STRICT_FORM`), whether or not the refused conversation had tool
+turns: the tool loop is carried as text, each call becoming assistant text naming the tool and
+its arguments (Hermes' `<tool_call>` JSON, which conversion/text_tool_calls.py reads back should
+the model imitate it), each result user text in a `<tool_response>` envelope, in order; then
+the conversation is folded as above.
 """
 
 from __future__ import annotations

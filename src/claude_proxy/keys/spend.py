@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from claude_proxy.config.key_specs import ADMIN, KeySpec, Period
+from claude_proxy.config.key_specs import KeySpec, Period
 from claude_proxy.config.model_table import ModelFacts, ModelTable
 from claude_proxy.keys.budget import Clock, minute_counter, period_bounds, spend_counter
 from claude_proxy.keys.ring import KeyRing
@@ -47,6 +47,9 @@ class UsageLog(Protocol):
     """Where usage entries are kept for `/v1/usage`: the state store's log (shared), or the
     SQLite file of DATA_DIR (one process, kept across restarts)."""
 
+    where: str | None
+    """The file it is kept in (None: the state store)."""
+
     def record(self, entry: Record) -> None: ...
 
     async def entries(self, since: float, until: float) -> list[Record]: ...
@@ -61,6 +64,7 @@ class StoreUsageLog:
 
     LOG = "usage"
     MAXLEN = 100_000
+    where: str | None = None
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
@@ -79,17 +83,38 @@ class StoreUsageLog:
         return None
 
 
+def open_usage_log(store: StateStore, directory: Path) -> UsageLog:
+    """The state store's log with a shared store; without one, the SQLite file of DATA_DIR
+    (the store's in-process log, after one ERROR, when the file cannot be kept)."""
+    if store.describe().get("backend") != "in-process":
+        return StoreUsageLog(store)
+    # Only here: SQLite's library takes ~1 MiB of resident memory once loaded, and a
+    # proxy without [keys] never keeps usage.
+    import sqlite3
+
+    from claude_proxy.keys.usage_log import SqliteUsageLog
+
+    try:
+        return SqliteUsageLog(directory)
+    except (OSError, sqlite3.Error) as exc:
+        logger.error("cannot keep spend in DATA_DIR %s (%s): spend is counted in this "
+                     "process only and a restart forgets it", directory, exc)
+        return StoreUsageLog(store)
+
+
 class Ledger:
-    """Charges finished requests to their key (see the module docstring)."""
+    """Charges finished requests to their key (see the module docstring). One per
+    configuration (a reload makes another, sharing the usage log): a request is charged by
+    the ledger of the configuration it started on."""
 
     def __init__(self, keys: KeyRing, models: ModelTable, store: StateStore,
-                 metrics: Metrics, clock: Clock) -> None:
+                 metrics: Metrics, clock: Clock, log: UsageLog) -> None:
         self.keys = keys
         self.models = models
         self.store = store
         self.metrics = metrics
         self.clock = clock
-        self.log: UsageLog = StoreUsageLog(store)
+        self.log = log
 
     def period_of(self, name: str) -> Period:
         spec = self.keys.spec(name)
@@ -136,36 +161,38 @@ class Ledger:
             counter, ttl = spend_counter(name, counted, now)
             self.store.add(counter, amount, ttl)
 
-    def keep_usage(self, directory: Path) -> None:
-        """Without a shared store, usage goes to the SQLite file of DATA_DIR, and each key's
-        spend of its current period is read back from it (a restart keeps the spend)."""
-        if self.store.describe().get("backend") != "in-process":
+    def restore(self, names: list[str]) -> None:
+        """These keys' spend of their current period and of today, from the usage log's file
+        (without a shared store; once per key and process, at start or when a reload adds
+        it): the counters survive a restart."""
+        if self.log.where is None:
             return
-        # Only here: SQLite's library takes ~1 MiB of resident memory once loaded, and a
-        # proxy without [keys] never keeps usage.
-        import sqlite3
-
-        from claude_proxy.keys.usage_log import SqliteUsageLog
-
-        try:
-            self.log = SqliteUsageLog(directory)
-        except (OSError, sqlite3.Error) as exc:
-            logger.error("cannot keep spend in DATA_DIR %s (%s): spend is counted in this "
-                         "process only and a restart forgets it", directory, exc)
-            return
-        self.restore()
-
-    def restore(self) -> None:
-        """Each key's spend of its current period and of today, from the usage log (SQLite,
-        at start without a shared store): the counters survive a restart."""
         now = self.clock()
-        for name in [*self.keys.keys, ADMIN]:
+        for name in names:
             for period in {self.period_of(name), "day"}:
                 start, _ = period_bounds(period, now)
                 spent = self.log.spent(name, start.timestamp())
                 if spent:
                     counter, ttl = spend_counter(name, period, now)
                     self.store.add(counter, spent, ttl)
+
+    async def durability(self) -> Record | None:
+        """Where spend is kept and whether it survives a restart, when a key has a budget
+        (None otherwise): the usage file of one process, or what the shared store says of
+        itself (`StateStore.durability`), with a `warning` when spend would be lost."""
+        if not any(spec.budget_usd is not None for spec in self.keys.keys.values()):
+            return None
+        if self.log.where is not None:
+            return {"kept": f"SQLite file {self.log.where} (this process only; with several "
+                    "processes use REDIS_URL)", "warning": None}
+        if self.store.describe().get("backend") == "in-process":
+            return {"kept": "in this process only", "warning": "spend is counted in this "
+                    "process only: a restart forgets it (DATA_DIR could not be written)"}
+        found = await self.store.durability()
+        if found is None:
+            return {"kept": "Redis", "warning": None,
+                    "persistence": "unknown: Redis does not answer"}
+        return {"kept": "Redis", **found}
 
     def panel(self) -> list[dict[str, Any]]:
         """The dashboard's Keys panel: each key's spend in its period against its budget,

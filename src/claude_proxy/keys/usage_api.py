@@ -85,14 +85,25 @@ def _empty() -> dict[str, Any]:
     return {"requests": 0, **{name: 0 for name in ANTHROPIC_NAMES.values()}, "cost_usd": 0.0}
 
 
-def usage_router(ledger: Ledger, identify: Callable[[Request], Identity]) -> APIRouter:
+def usage_router(ledger_of: Callable[[Request], Ledger | None],
+                 identify: Callable[[Request], Identity]) -> APIRouter:
+    """The usage routes; `ledger_of`: the ledger of the configuration the request runs on
+    (None without `[keys]`: 404, as if the routes did not exist)."""
     router = APIRouter()
 
     def answer(content: Any) -> Response:
         return Response(orjson.dumps(content), media_type="application/json")
 
+    def ledger_for(request: Request) -> Ledger:
+        ledger = ledger_of(request)
+        if ledger is None:
+            raise ProxyError(404, "no [keys] are configured: usage is counted for team keys "
+                                  "only", error_type="not_found_error")
+        return ledger
+
     @router.get("/v1/usage")
     async def usage(request: Request) -> Response:
+        ledger = ledger_for(request)
         identity = identify(request)
         params = request.query_params
         group_by = params.get("group_by", "key")
@@ -112,6 +123,7 @@ def usage_router(ledger: Ledger, identify: Callable[[Request], Identity]) -> API
 
     @router.get("/v1/usage/me")
     async def me(request: Request) -> Response:
+        ledger = ledger_for(request)
         identity = identify(request)
         spec = identity.spec
         period = spec.budget_period if spec is not None else ADMIN_PERIOD

@@ -44,6 +44,7 @@ class SqliteUsageLog:
 
     def __init__(self, directory: Path) -> None:
         self.path = data_directory(directory) / FILE_NAME
+        self.where: str | None = str(self.path)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:

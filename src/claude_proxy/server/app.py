@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,152 +26,155 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from claude_proxy.config.file import ProxyConfig, judge_route, single_provider_config
+from claude_proxy.config.file import ProxyConfig, single_provider_config
 from claude_proxy.config.settings import Settings
-from claude_proxy.conversion.signatures import ThinkingSigner
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
-from claude_proxy.judge import RouteJudge
 from claude_proxy.keys.budget import Clock, Gate
-from claude_proxy.keys.ring import KeyRing
 from claude_proxy.keys.spend import Ledger
 from claude_proxy.keys.usage_api import usage_router
+from claude_proxy.logs import redact_also
 from claude_proxy.metrics import Metrics
-from claude_proxy.routing.discovery import discover as discover_windows
-from claude_proxy.routing.discovery import unknown_windows
-from claude_proxy.routing.providers import build_providers
+from claude_proxy.record import RequestRecord
 from claude_proxy.server import endpoints
 from claude_proxy.server.access_log import AccessLogMiddleware
+from claude_proxy.server.drain import Drain
 from claude_proxy.server.endpoints import Wiring, error_response, json_response
 from claude_proxy.server.incremental import REMEMBER_FOR
 from claude_proxy.server.relay import ClientDisconnected
-from claude_proxy.service import MessagesService
+from claude_proxy.server.reload import Reloader, Source
+from claude_proxy.server.wiring import Lasting, close_all, retire, wire
 from claude_proxy.state import open_store
 from claude_proxy.state.memo import Memo
 from claude_proxy.state.store import StateStore
-from claude_proxy.telemetry import (
-    Exporters,
-    ProxyFacts,
-    Telemetry,
-    open_telemetry,
-    upstream_of,
-)
-from claude_proxy.toolsearch.loop import ToolSearchFlow
-from claude_proxy.toolsearch.loop import flatten as flatten_tool_search
+from claude_proxy.telemetry import Exporters, ProxyFacts, Telemetry, open_telemetry
 from claude_proxy.ui.inspect import message_of
 from claude_proxy.ui.recorder import Recorder, provider_health
 from claude_proxy.ui.routes import Dashboard, dashboard_router
-from claude_proxy.websearch.backends import SearchBackend
-from claude_proxy.websearch.caller import ServiceCaller
-from claude_proxy.websearch.flow import SearchFlow
-from claude_proxy.websearch.search_blocks import replay_blocks
 
 logger = logging.getLogger("claude_proxy.app")
 
 
 def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
                config: ProxyConfig | None = None, clock: Clock = time.time,
-               telemetry_exporters: Exporters | None = None) -> FastAPI:
+               telemetry_exporters: Exporters | None = None,
+               source: Source | None = None) -> FastAPI:
     """The application for `config` (default: the one provider `settings` describe).
     `clock`: wall-clock time for budget periods and rate limits (a fake one in tests);
     `telemetry_exporters`: OpenTelemetry's spans and metrics there (tests), else where the
-    OTEL_ variables say, if they say."""
+    OTEL_ variables say, if they say; `source`: where a reload reads the configuration again
+    (SIGHUP, --watch-config; none: a reload is refused)."""
     config = config or single_provider_config(settings)
-    telemetry = open_telemetry(os.environ, ProxyFacts({
-        name: upstream_of(provider.provider_name, provider.openai_base_url)
-        for name, provider in config.providers.items()}, config.secrets(), message_of),
-        telemetry_exporters)
+    facts = ProxyFacts({}, config.secrets(), message_of)
+    telemetry = open_telemetry(os.environ, facts, telemetry_exporters)
     metrics = Metrics()
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     store = open_store(redis_url, settings.redis_prefix, settings.redis_timeout)
-    keyring = KeyRing(config.keys, _admin_key(settings)) if config.keys else None
-    if keyring is not None and not _admin_key(settings):
-        logger.warning("[keys] are configured but ANTHROPIC_API_KEY is not: the dashboard and "
-                       "/metrics are open to anyone who can reach the proxy")
-    ledger = Ledger(keyring, config.models, store, metrics, clock) if keyring else None
-    app = FastAPI(title="claude-proxy", lifespan=partial(lifespan, transport=transport),
-                  docs_url=None, redoc_url=None, openapi_url=None,
-                  **telemetry_option(os.environ, own=telemetry is not None))
-    gate = Gate(store, clock)
-    bodies = Memo(settings.session_memo_bytes, REMEMBER_FOR)
-    app.state.wiring = Wiring(settings, config, metrics, gate, keyring, datetime.now(UTC),
-                              bodies)
-    app.state.store, app.state.ledger, app.state.telemetry = store, ledger, telemetry
-    app.state.recorder = dashboard_recorder(app, config, store, ledger)
+    app = FastAPI(title="claude-proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None, **telemetry_option(os.environ, own=telemetry is not None))
+    lasting = Lasting(metrics, store, Gate(store, clock),
+                      Memo(settings.session_memo_bytes, REMEMBER_FOR), datetime.now(UTC),
+                      Drain(settings.drain_delay, settings.drain_timeout), clock, facts,
+                      transport)
+    app.state.lasting, app.state.config = lasting, config
+    app.state.store, app.state.telemetry = store, telemetry
+    app.state.recorder = dashboard_recorder(app, config, store)
+    app.state.reloader = Reloader(source, lasting, lambda: app.state.wiring,
+                                  partial(publish, app))
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=app.state.recorder,
-                       charger=ledger, telemetry=telemetry)
+                       charger=ItsLedger(), telemetry=telemetry)
     _install_error_handlers(app)
     _add_routes(app)
     return app
 
 
 def _add_routes(app: FastAPI) -> None:
-    """The API's routes, the usage routes with `[keys]`, then the dashboard's (routes are
-    matched in order)."""
+    """The API's routes, the usage routes (404 without `[keys]`), then the dashboard's
+    (routes are matched in order)."""
     app.add_api_route("/", endpoints.root, methods=["GET", "HEAD"])
     app.add_api_route("/health", endpoints.health, methods=["GET"])
+    app.add_api_route("/health/live", endpoints.live, methods=["GET"])
     app.add_api_route("/v1/models", endpoints.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", endpoints.get_model, methods=["GET"])
     app.add_api_route("/metrics", endpoints.prometheus_metrics, methods=["GET"])
     hot_routes(app, [Route("/v1/messages", endpoints.messages, methods=["POST"]),
                      Route("/v1/messages/count_tokens", endpoints.count_tokens,
                            methods=["POST"])])
-    if app.state.ledger is not None:
-        app.include_router(usage_router(app.state.ledger, endpoints.identify))
+    app.include_router(usage_router(lambda request: endpoints.wiring(request).ledger,
+                                    endpoints.identify))
     if app.state.recorder is not None:
-        app.state.dashboard = Dashboard(app.state.wiring.settings, app.state.recorder)
+        app.state.dashboard = Dashboard(app.state.config.settings, app.state.recorder)
         app.include_router(dashboard_router())
 
 
-def replayed(body: dict[str, Any], signer: ThinkingSigner) -> dict[str, Any]:
-    """Earlier turns' server-tool blocks (tool search, web search) as the upstream takes them:
-    tool search first, whose `server_tool_use` blocks are not searches of the web."""
-    return replay_blocks(flatten_tool_search(body), signer)
+def publish(app: FastAPI, wired: Wiring) -> None:
+    """A reload's configuration, swapped in: the handlers' Wiring (one assignment: a request
+    reads it once), the dashboard's key, and the secrets it brought, redacted from now on."""
+    secrets = wired.config.secrets()
+    redact_also(secrets)
+    app.state.lasting.facts.secrets.extend(secrets)
+    if app.state.recorder is not None:
+        app.state.recorder.add_secrets(secrets)
+        app.state.dashboard = Dashboard(wired.settings, app.state.recorder)
+    app.state.wiring = wired
+
+
+class ItsLedger:
+    """The access middleware's charger: a request is charged by the ledger of the
+    configuration it started on (`record.charger`, set when its key was identified), so a
+    reload meanwhile changes neither its prices nor its key's budget period."""
+
+    async def settle(self, record: RequestRecord) -> None:
+        if record.charger is not None:
+            await record.charger.settle(record)
+
+    def charge(self, record: RequestRecord) -> bool:
+        return record.charger is not None and record.charger.charge(record)
 
 
 @asynccontextmanager
-async def lifespan(app: FastAPI, transport: httpx.AsyncBaseTransport | None
-                   ) -> AsyncIterator[None]:
-    """Starts what talks to the world (upstream clients, window discovery, the store, the
-    usage log, the search backend) and closes it again."""
-    wired: Wiring = app.state.wiring
-    config, settings, metrics, store = wired.config, wired.settings, wired.metrics, app.state.store
-    secret = settings.thinking_signature_secret
-    signer = ThinkingSigner(secret.get_secret_value() if secret else None)
-    providers = build_providers(config, transport, on_retry=metrics.count_retry, store=store)
-    await discover_windows(config, transport)
-    unknown = unknown_windows(config)
-    if unknown:
-        logger.warning("context window unknown for %s: no pre-flight check for %s "
-                       "(set context_window in the config file, or CONTEXT_WINDOW)",
-                       ", ".join(unknown), "it" if len(unknown) == 1 else "them")
-    await store.start()
-    ledger: Ledger | None = app.state.ledger
-    if ledger is not None:
-        ledger.keep_usage(data_dir(config))
-    app.state.service = MessagesService(config, providers, signer, metrics, store, wired.keyring,
-                                        replay=partial(replayed, signer=signer))
-    app.state.tool_search = ToolSearchFlow(app.state.service)
-    route = judge_route(config)
-    if route:
-        app.state.service.judge = RouteJudge(app.state.service, route,
-                                             settings.safeguards_timeout)
-    backend = SearchBackend(settings) if settings.web_search_backend else None
-    app.state.search = SearchFlow(settings, backend, ServiceCaller(app.state.service),
-                                  signer, metrics)
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Starts what talks to the world (the configuration's upstream clients, window
+    discovery, usage log and search backend, then the store), takes SIGHUP (reload) and
+    SIGTERM (drain), and closes it all again. The store starts last: the clients' set-up
+    holds the event loop (TLS contexts), and a Redis call waiting meanwhile would time out,
+    sending the new process to in-process state, where a spent budget is not seen, just as
+    it begins to serve (tests/soak.py's restarts found it on a loaded host)."""
+    lasting: Lasting = app.state.lasting
+    app.state.wiring = first = await wire(app.state.config, lasting)
+    await lasting.store.start()
+    reloader: Reloader = app.state.reloader
+    reloader.start()
+    lasting.drain.take_over_sigterm()
+    if first.ledger is not None:
+        await warn_if_spend_unsafe(first.ledger)
     try:
         yield
     finally:
-        for provider in providers.values():
-            await provider.client.aclose()
-        if backend is not None:
-            await backend.aclose()
-        if ledger is not None:
-            ledger.log.close()
-        await store.close()
-        metrics.close()
+        await reloader.stop()
+        await close_all(retire(app.state.wiring, None))
+        if lasting.usage is not None:
+            lasting.usage.close()
+        await lasting.store.close()
+        lasting.metrics.close()
         telemetry: Telemetry | None = app.state.telemetry
         if telemetry is not None:
             telemetry.shutdown()
+
+
+async def warn_if_spend_unsafe(ledger: Ledger) -> None:
+    """At start, when keys have budgets: a WARNING if their spend would not survive a
+    restart of the store (Redis without persistence, or evicting keys), else where it is
+    kept."""
+    found = await ledger.durability()
+    if found is None:
+        return
+    if found.get("warning"):
+        logger.warning("keys have budgets, but %s", found["warning"])
+    elif "eviction" in found:
+        logger.info("keys have budgets: their spend is kept by Redis: %s; maxmemory-policy %s",
+                    found["persistence"], found["eviction"])
+    else:
+        logger.info("keys have budgets: their spend is kept in %s", found["kept"])
 
 
 _NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
@@ -204,33 +206,32 @@ def hot_routes(app: FastAPI, routes: list[Route]) -> None:
     app.router.routes[0:0] = routes
 
 
-def data_dir(config: ProxyConfig) -> Path:
-    """DATA_DIR, else `data/` beside the config file (keys exist only with one)."""
-    if config.settings.data_dir:
-        return Path(config.settings.data_dir)
-    return Path(config.source).resolve().parent / "data"
-
-
-def _admin_key(settings: Settings) -> str | None:
-    key = settings.anthropic_api_key
-    return key.get_secret_value() if key is not None else None
-
-
 def dashboard_recorder(app: FastAPI, config: ProxyConfig,
-                       store: StateStore | None = None,
-                       ledger: Ledger | None = None) -> Recorder | None:
-    """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded)."""
+                       store: StateStore | None = None) -> Recorder | None:
+    """The dashboard's memory (None with UI_ENABLED=false: then nothing is recorded); what it
+    shows of providers, keys and the configuration comes from the Wiring served."""
     if not config.settings.ui_enabled:
         return None
 
+    def served() -> Wiring | None:
+        found: Wiring | None = getattr(app.state, "wiring", None)
+        return found
+
     def health() -> list[Any]:
-        service: MessagesService | None = getattr(app.state, "service", None)
-        return provider_health(service.providers) if service is not None else []
+        wired = served()
+        return provider_health(wired.service.providers) if wired is not None else []
+
+    def keys() -> list[dict[str, Any]]:
+        wired = served()
+        return wired.ledger.panel() if wired is not None and wired.ledger is not None else []
+
+    def configuration() -> dict[str, Any] | None:
+        reloader: Reloader = app.state.reloader
+        return reloader.describe() if served() is not None else None
 
     return Recorder(inspect=config.settings.inspect_requests,
                     inspect_bytes=config.settings.inspect_bytes, secrets=config.secrets(),
-                    health=health, store=store,
-                    keys=ledger.panel if ledger is not None else None)
+                    health=health, store=store, keys=keys, configuration=configuration)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

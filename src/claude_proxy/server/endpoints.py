@@ -1,6 +1,8 @@
 """The API's route handlers, at module level as Starlette has them: each reads what it works
-with from the application's state (`Wiring`, made by `server/app.create_app`, and the service
-and search flow its lifespan starts), so the handlers are plain functions, not closures.
+with from the application's state (`Wiring`, made from the configuration by
+`server/wiring.wire`, swapped whole by a reload), so the handlers are plain functions, not
+closures. A request takes the Wiring once, at its first read (`wiring`), and keeps it to its
+end: a reload meanwhile changes nothing of what it runs on.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from claude_proxy.errors import ProxyError
 from claude_proxy.keys.auth import key_matches, presented_keys
 from claude_proxy.keys.budget import Gate
 from claude_proxy.keys.ring import Identity, KeyRing
+from claude_proxy.keys.spend import Ledger
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record
 from claude_proxy.routing.catalog import (
@@ -36,6 +39,7 @@ from claude_proxy.routing.catalog import (
 from claude_proxy.routing.discovery import windows
 from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.server import incremental
+from claude_proxy.server.drain import Drain
 from claude_proxy.server.event_stream import EventStream
 from claude_proxy.server.relay import before_first_byte, relay_events
 from claude_proxy.server.requests import CountTokensRequest, MessagesRequest, validate_request
@@ -47,7 +51,8 @@ from claude_proxy.websearch.flow import SearchFlow, is_search_request
 
 @dataclass(frozen=True)
 class Wiring:
-    """What the handlers share for the application's life (`app.state.wiring`)."""
+    """What the handlers share, made from one configuration (`app.state.wiring`); the
+    metrics, gate, memo, start time and drain are the process's, shared by every one."""
 
     settings: Settings
     config: ProxyConfig
@@ -58,16 +63,30 @@ class Wiring:
     """When the process started: the `created_at` of the models it lists."""
     bodies: Memo
     """Each session's last request body as its next one can reuse it (incremental.py)."""
+    service: MessagesService
+    search: SearchFlow
+    tool_search: ToolSearchFlow
+    ledger: Ledger | None
+    """What the configuration's keys spend (None without `[keys]`)."""
+    drain: Drain
+
+
+PINNED = "claude_proxy.wiring"
+"""The request scope's key for the Wiring the request runs on."""
 
 
 def wiring(request: Request) -> Wiring:
-    found: Wiring = request.app.state.wiring
+    """The Wiring this request runs on: the current one at its first read, kept in its scope
+    to its end (one dict lookup a read)."""
+    scope = request.scope
+    found: Wiring | None = scope.get(PINNED)
+    if found is None:
+        found = scope[PINNED] = request.app.state.wiring
     return found
 
 
 def service_of(request: Request) -> MessagesService:
-    found: MessagesService = request.app.state.service
-    return found
+    return wiring(request).service
 
 
 def json_response(content: Any, status: int = 200,
@@ -101,7 +120,9 @@ def identify(request: Request) -> Identity:
     identity = wired.keyring.identify(request.headers)
     if identity is None:
         raise ProxyError(401, "invalid x-api-key", error_type="authentication_error")
-    current_record().key = identity.name  # the access line names the key
+    record = current_record()
+    record.key = identity.name  # the access line names the key
+    record.charger = wired.ledger
     return identity
 
 
@@ -189,7 +210,7 @@ async def messages(request: Request) -> Response:
         return await tool_search_response(request, body, deadline)
     if body.get("stream"):
         converter, stream = await before_first_byte(
-            request, service.open_stream(body, session, raw, turns), deadline)
+            request, service.open_stream(body, session, raw, turns), deadline, wired.drain)
         # Once the first events are on their way: freeing a long conversation's objects
         # (130 µs at 800 KB in a loop) is not for the first text to wait for.
         asyncio.get_running_loop().call_soon(record.release_parsed)
@@ -198,28 +219,31 @@ async def messages(request: Request) -> Response:
             await stream.aclose()
             service.remember_session(session, record)
 
-        return EventStream(relay_events(converter, stream, deadline, wired.metrics), finish)
-    return json_response(await before_first_byte(
-        request, service.create(body, session, raw, turns), deadline))
+        return EventStream(relay_events(converter, stream, deadline, wired.metrics, wired.drain),
+                           finish)
+    return json_response(await before_first_byte(request, service.create(body, session, raw, turns),
+                                                 deadline, wired.drain))
 
 
 async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
     """A request with the web_search server tool: the search flow answers it."""
-    search: SearchFlow = request.app.state.search
-    plan = search.plan(body)
+    wired = wiring(request)
+    plan = wired.search.plan(body)
     if body.get("stream"):
-        return EventSourceResponse(search.stream(plan, deadline), sep="\n")
-    return json_response(await before_first_byte(request, search.create(plan), deadline))
+        return EventSourceResponse(wired.search.stream(plan, deadline), sep="\n")
+    return json_response(await before_first_byte(request, wired.search.create(plan), deadline,
+                                                 wired.drain))
 
 
 async def tool_search_response(request: Request, body: dict[str, Any],
                                deadline: float) -> Response:
     """A request with the tool search server tool: the tool-search flow answers it."""
-    flow: ToolSearchFlow = request.app.state.tool_search
-    plan = flow.plan(body)
+    wired = wiring(request)
+    plan = wired.tool_search.plan(body)
     if body.get("stream"):
-        return EventStream(flow.stream(plan, deadline))
-    return json_response(await before_first_byte(request, flow.create(plan), deadline))
+        return EventStream(wired.tool_search.stream(plan, deadline))
+    return json_response(await before_first_byte(request, wired.tool_search.create(plan),
+                                                 deadline, wired.drain))
 
 
 async def count_tokens(request: Request) -> Response:
@@ -260,15 +284,25 @@ async def root(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """Liveness, secret-free; `?detail=1` adds each provider's state (client key required
-    when one is set)."""
+    """Readiness, secret-free: 503 `draining` from SIGTERM on (server/drain.py). `?detail=1`
+    adds each provider's state, the configuration's (its last reload) and where spend is
+    kept (client key required when one is set)."""
+    wired = wiring(request)
+    status, code = ("draining", 503) if wired.drain.draining else ("ok", 200)
     if request.query_params.get("detail") not in (None, "", "0", "false"):
-        wired = wiring(request)
         check_client_key(request, wired.settings)
-        service = service_of(request)
-        return json_response({"status": "ok", **health_detail(
+        service = wired.service
+        configuration: dict[str, Any] = request.app.state.reloader.describe()
+        spend = await wired.ledger.durability() if wired.ledger is not None else None
+        return json_response({"status": status, **health_detail(
             service.providers, wired.metrics.cache.ratios(), windows(wired.config),
-            service.store.describe())})
+            service.store.describe()), "configuration": configuration, "spend": spend}, code)
+    return json_response({"status": status}, code)
+
+
+async def live(request: Request) -> Response:
+    """Liveness: 200 while the process serves, draining or not (a liveness probe that
+    failed during a drain would have the process killed before its answers end)."""
     return json_response({"status": "ok"})
 
 

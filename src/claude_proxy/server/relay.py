@@ -3,7 +3,8 @@
 Before the first byte, upstream work runs as a task raced against the client's disconnect
 and the TOTAL_TIMEOUT deadline, so a client that leaves cancels the upstream request at once.
 After it, the relay turns chunks into events until the end, a failure (every open block closed,
-then one `event: error`), or the deadline.
+then one `event: error`), or the deadline. Both are ended by the drain at DRAIN_TIMEOUT
+(server/drain.py) the way clients retry: 529, or an `overloaded_error` event.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.errors import ProxyError
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, record_usage
+from claude_proxy.server.drain import Drain, Drained
 from claude_proxy.sse import encode_events
 from claude_proxy.upstream.client import Chunk, UpstreamStream
 from claude_proxy.upstream.overflow import context_overflow, recognised
@@ -50,9 +52,11 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def before_first_byte(request: Request, work: Awaitable[T], deadline: float) -> T:
-    """`work`'s result, unless the client leaves first (ClientDisconnected) or the deadline
-    passes (504); either way the work is cancelled and has finished cleaning up on return.
+async def before_first_byte(request: Request, work: Awaitable[T], deadline: float,
+                            drain: Drain) -> T:
+    """`work`'s result, unless the client leaves first (ClientDisconnected), the deadline
+    passes (504) or the drain ends (529 `Drained`); either way the work is cancelled and has
+    finished cleaning up on return.
 
     The work runs in the request's own task; a watcher task cancels that task if the client
     disconnects. (Running the work as a second task raced against the watcher cost two task
@@ -63,6 +67,7 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
     assert handler is not None
     watching = Watching(asyncio.ensure_future(_disconnected(request)), handler)
     timeout = asyncio.timeout_at(deadline)
+    drain.waiting(timeout)
     try:
         async with timeout:
             return await work
@@ -72,9 +77,10 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
         raise
     except TimeoutError:
         if timeout.expired():
-            raise deadline_error() from None
+            raise (Drained() if drain.ended else deadline_error()) from None
         raise
     finally:
+        drain.answered(timeout)
         watching.stop()
 
 
@@ -118,7 +124,7 @@ def after_first_byte(error: ProxyError, converter: StreamConverter) -> ProxyErro
 
 
 async def relay_events(converter: StreamConverter, stream: UpstreamStream,
-                       deadline: float, metrics: Metrics) -> AsyncIterator[bytes]:
+                       deadline: float, metrics: Metrics, drain: Drain) -> AsyncIterator[bytes]:
     """Upstream chunks through the converter to SSE bytes, ending in message_stop or in one
     `event: error`. A cancelled relay (the client left) closes the upstream response.
 
@@ -129,7 +135,8 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     read instead of one.)
 
     The deadline is checked whenever the upstream sends anything; a silent upstream is ended
-    by the idle-read timeout (REQUEST_TIMEOUT) instead, so no timer runs per chunk.
+    by the idle-read timeout (REQUEST_TIMEOUT) instead, so no timer runs per chunk. The drain's
+    end is a flag checked before each read, and a cancellation of a read under way.
     """
     loop = asyncio.get_running_loop()
     sent = current_record().events  # for the dashboard: one append per write, nothing more
@@ -137,12 +144,22 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
     # message_start goes out with the events of the first chunk, which is already read (the
     # stream was opened up to it), so the client gets its first text one write sooner.
     events = converter.start()
+    reading = drain.stream()
     try:
         # After [DONE] only the body's end is left: it is read in the clean-up, after the last
         # events are out. After a stop sequence nothing more is wanted: the upstream is
         # cancelled (finally, below).
         while not (stream.said_done or converter.stopped):
-            batch = await anext(stream, None)
+            if reading.due:
+                raise Drained()
+            reading.waiting = True
+            try:
+                batch = await anext(stream, None)
+            except asyncio.CancelledError:
+                if reading.cut():
+                    raise Drained() from None
+                raise
+            reading.waiting = False
             if batch is None:
                 break
             if loop.time() > deadline:
@@ -165,12 +182,15 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
             yield _frame(events + converter.close(), sent)
             events = []
         yield _frame(events + await converter.settle() + converter.finish(), sent)
+    except Drained as error:
+        yield _frame(events + converter.fail(error), sent)
     except ProxyError as error:
         logger.warning("upstream stream failed after the first byte: %s", error.message)
         error = after_first_byte(error, converter)
         metrics.count_upstream_error(error.error_type)
         yield _frame(events + converter.fail(error), sent)
     finally:
+        drain.closed(reading)
         metrics.active_streams.dec()
         record_usage(converter.usage(), converter.reasoning_tokens())
         # The relay may be finishing because it was cancelled (the client left): shield the

@@ -117,6 +117,12 @@ class StateStore(ABC):
         (a cooldown just opened, a field just refused)."""
         return None
 
+    async def durability(self) -> Record | None:
+        """What a shared backend says of keeping its data across a restart and under memory
+        pressure (`persistence`, `eviction`, a `warning` when spend would be lost); None for
+        the in-process store, or a backend that does not answer."""
+        return None
+
     @property
     def shared(self) -> bool:
         """Whether other processes see what this one writes (a shared backend, reachable)."""

@@ -208,7 +208,8 @@ class Recorder:
 
     def __init__(self, *, inspect: int, secrets: list[str], health: HealthSource,
                  rows: int = 1000, minutes: int = 60, store: StateStore | None = None,
-                 keys: KeysSource | None = None, inspect_bytes: int = 16 * 1024 * 1024) -> None:
+                 keys: KeysSource | None = None, inspect_bytes: int = 16 * 1024 * 1024,
+                 configuration: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self.inspect_limit = inspect
         self.inspect_bytes = inspect_bytes
         self.kept_bytes = 0
@@ -220,12 +221,18 @@ class Recorder:
         self.series = MinuteSeries(minutes)
         self.health = health
         self.keys = keys
+        self.configuration = configuration
+        """The configuration served and its last reload (server/reload.py)."""
         self.subscriptions: set[Subscription] = set()
         self._secrets = sorted(secrets, key=len, reverse=True)
         self.fleet = (FleetLog(store, rows=rows, inspect=inspect, minutes=minutes,
                                workers=scope()["workers"])
                       if store is not None and store.distributed else None)
         """The fleet's view through a shared store (None: this process is all there is)."""
+
+    def add_secrets(self, secrets: list[str]) -> None:
+        """Secrets a reload brought: replaced in what is kept from now on too."""
+        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
 
     # ------------------------------------------------------------ fed by the middleware
 
@@ -316,7 +323,10 @@ class Recorder:
         return {"now": self.now(), "providers": self.providers(),
                 "keys": self.keys() if self.keys is not None else [],
                 "series": self.series.snapshot(now), "tools": self.series.tool_stats(now),
-                "server_time": now}
+                "server_time": now, "configuration": self._configuration()}
+
+    def _configuration(self) -> dict[str, Any] | None:
+        return self.configuration() if self.configuration is not None else None
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a dashboard shows, for a page that has just connected."""
@@ -365,7 +375,7 @@ class Recorder:
         live = {"now": self.now(), "now_process": self.fleet.process,
                 "providers": self.providers(series.provider_stats(now)),
                 "series": series.snapshot(now), "tools": series.tool_stats(now),
-                "server_time": now}
+                "server_time": now, "configuration": self._configuration()}
         self.fleet.heartbeat(now)
         return live
 

@@ -90,8 +90,8 @@ REFUSABLE: tuple[Refusable, ...] = (
               system_messages_as_user),
     # Templates that demand strict alternation (Gemma, the Mistral family: "Conversation roles
     # must alternate user/assistant/..."): folded (conversion/alternation.py). Gemma's takes
-    # no `tool` turn either: for a model that refused one, tool calls and results go as text
-    # (before the fold, which then merges them into alternating turns).
+    # no `tool` turn either: tool calls and results go as text (before the fold, which then
+    # merges them into alternating turns). One refusal teaches both (STRICT_FORM).
     Refusable("tool_turns", has_tool_turns, names_alternation, tool_turns_as_text),
     Refusable("alternation", has_broken_alternation, names_alternation, fold_to_alternation),
 )
@@ -99,6 +99,12 @@ OPTIONAL_FIELDS = tuple(refusable.name for refusable in REFUSABLE)
 REWRITING = ("cache_control", "system_in_place", "tool_turns", "alternation")
 """The refusals whose drop rewrites the conversation's messages (in place, or as a whole):
 a model that refused one is converted whole on every request (conversion/reuse.py)."""
+STRICT_FORM = ("tool_turns", "alternation")
+"""What a "roles must alternate" refusal teaches at once, whichever of the two the refused
+body showed: a conversation without tool turns (Claude Code's first request) taught the fold
+alone, and the next one, with a `tool` message, was refused again for its tool turns (two
+refusals per model). The Mistral family's templates, which take tool turns, then get them as
+text too: the price of one refusal instead of two."""
 
 
 def names_added_field(message: str, extras: dict[str, Any]) -> bool:
@@ -108,9 +114,13 @@ def names_added_field(message: str, extras: dict[str, Any]) -> bool:
 
 
 def refused_optional_fields(message: str, body: Body) -> list[str]:
-    """The refusable things in `body` that an upstream error message rejects."""
-    return [refusable.name for refusable in REFUSABLE
-            if refusable.present(body) and refusable.named(message)]
+    """The refusable things in `body` that an upstream error message rejects (any of
+    STRICT_FORM: all of it)."""
+    refused = [refusable.name for refusable in REFUSABLE
+               if refusable.present(body) and refusable.named(message)]
+    if any(name in STRICT_FORM for name in refused):
+        refused += [name for name in STRICT_FORM if name not in refused]
+    return refused
 
 
 def drop_refused(body: Body, refuses: Callable[[str], bool]) -> None:

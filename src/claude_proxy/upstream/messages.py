@@ -16,8 +16,11 @@ state store) and left out from then on.
 Thinking: the upstream's `signature` (and a `redacted_thinking` block's `data`) rides in the
 proxy's signed envelope as an opaque item, bound to this provider, model and key; it goes back
 only there. A thinking block from anywhere else goes to a Messages endpoint per its profile:
-dropped, or with `signature: ""` (Kimi, DeepSeek), and after a 400 "Invalid `signature` in
-`thinking` block" it is dropped for that model (`FOREIGN_THINKING`).
+dropped, or with `signature: ""` (Kimi, DeepSeek). A 400 "Invalid `signature` in `thinking`
+block" is learned for that model by what it refused: unsigned thinking is dropped from then on
+(`FOREIGN_THINKING`), and an endpoint that refused its own signature (a rotated key, another
+model behind the same URL) gets its own thinking as the profile sends unsigned thinking
+(`OWN_SIGNATURE`), so a conversation goes on instead of failing every turn the same way.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ REDACTED = "anthropic_redacted_thinking"
 # Names learned by `Refusals` (per provider and model), besides top-level field names.
 FOREIGN_THINKING = "thinking:foreign"
 """A thinking block not minted by this endpoint was refused: such blocks are dropped."""
+OWN_SIGNATURE = "thinking:signature"
+"""The endpoint refused a signature it minted: its thinking goes as unsigned thinking does."""
 BETAS = "anthropic-beta"
 """The `anthropic-beta` header as a whole was refused (no value named)."""
 BETA = "anthropic-beta:"
@@ -212,6 +217,8 @@ def convert_request(request: dict[str, Any], settings: ProviderSettings, *, mode
     if BILLING in strip and isinstance(body.get("system"), list):
         body["system"] = [block for block in body["system"] if not is_billing_header(block)]
     foreign: ForeignThinking = "drop" if refuses(FOREIGN_THINKING) else profile.foreign_thinking
+    if refuses(OWN_SIGNATURE):
+        opaque_for = _no_opaque  # its own blocks go as unsigned thinking does
     body["messages"] = [_message(message, opaque_for, foreign, strip)
                         for message in body.get("messages") or []]
     if "tools" in body:
@@ -275,6 +282,10 @@ def _server_block_text(block: Block) -> list[Block]:
     content = block.get("content")
     text = content.get("text") if isinstance(content, dict) else None
     return [{"type": "text", "text": text}] if isinstance(text, str) and text else []
+
+
+def _no_opaque(block: Block) -> list[dict[str, Any]]:
+    return []
 
 
 def _thinking(block: Block, opaque_for: OpaqueFor, foreign: ForeignThinking) -> list[Block]:
@@ -434,7 +445,7 @@ def refused_fields(message: str, upstream: UpstreamRequest) -> list[str]:
     feature the request carried, which is what such a 400 was seen to mean."""
     body = upstream.body
     if _SIGNATURE.search(message) and "thinking" in message.lower() and _has_thinking(body):
-        return [FOREIGN_THINKING]
+        return _refused_signatures(message, body)
     betas = upstream.headers.get("anthropic-beta", "")
     named = [BETA + value for value in _BETA_VALUE.findall(message) if value in betas]
     if named:
@@ -452,6 +463,31 @@ def refused_fields(message: str, upstream: UpstreamRequest) -> list[str]:
         return nested
     return [name for name in body if name not in _CORE
             and re.search(rf"\b{re.escape(name)}\b", message)]
+
+
+_BLOCK_AT = re.compile(r"messages\.(\d+)\.content\.(\d+)")
+
+
+def _refused_signatures(message: str, body: dict[str, Any]) -> list[str]:
+    """What a signature 400 refused: the block it names (Anthropic's wording names one,
+    `messages.1.content.0: Invalid ...`), else every kind of thinking that was sent; a block
+    with a signature (or a redacted one) is this endpoint's own, one without is unsigned."""
+    blocks = [block for turn in body.get("messages") or []
+              if isinstance(turn.get("content"), list) for block in turn["content"]
+              if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")]
+    named = _BLOCK_AT.search(message)
+    if named is not None:
+        at, index = int(named.group(1)), int(named.group(2))
+        messages = body.get("messages") or []
+        content = messages[at].get("content") if at < len(messages) else None
+        block = content[index] if isinstance(content, list) and index < len(content) else None
+        if isinstance(block, dict) and block in blocks:
+            blocks = [block]
+    own = any(block.get("type") == "redacted_thinking" or block.get("signature")
+              for block in blocks)
+    unsigned = any(block.get("type") == "thinking" and not block.get("signature")
+                   for block in blocks)
+    return [OWN_SIGNATURE] * own + [FOREIGN_THINKING] * unsigned
 
 
 def _has_thinking(body: dict[str, Any]) -> bool:

@@ -97,6 +97,17 @@ function renderScope() {
   }
 }
 
+function renderConfiguration() {
+  // A refused reload (SIGHUP, --watch-config): the error, and the configuration still served.
+  const config = state.live && state.live.configuration;
+  const node = document.getElementById("config-error");
+  node.hidden = !(config && config.error);
+  if (node.hidden) return;
+  node.replaceChildren(el("b", { text: "Configuration not reloaded" }),
+    ` (${config.failed_at}): ${config.error} — still serving configuration ` +
+    `${config.generation} from ${config.source}, loaded ${config.loaded_at}`);
+}
+
 function setConnection(text, kind) {
   const node = document.getElementById("conn");
   node.textContent = text;
@@ -568,6 +579,7 @@ function onHello(data) {
   state.rows.forEach(learnFilters);
   state.live = data;
   renderScope();
+  renderConfiguration();
   renderTable();
   renderNow();
   renderProviders();
@@ -579,6 +591,7 @@ function onHello(data) {
 
 function onLive(data) {
   state.live = data;
+  renderConfiguration();
   renderNow();
   renderProviders();
   renderKeys();

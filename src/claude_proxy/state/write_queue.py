@@ -1,0 +1,282 @@
+"""The Redis store's write-behind queue: what this process wrote that Redis has not confirmed.
+
+What it guarantees:
+- a write returns at once; the queue sends what gathered in one pipeline (the store flushes
+  it FLUSH_DELAY after the first write, or at once for `sync`), off the request's path;
+- each batch of counter increments, and each flush of records, log entries and minute
+  counters, is applied by Redis once, however often it is sent: it goes under an id that a
+  script remembers (BATCH_MEMORY_MS), so one whose reply timed out (a paused Redis may still
+  apply it) is sent again as it was, first, and never doubles a count or a log entry;
+- a key's last write wins: records keep their order, and unconfirmed flushes go before new ones;
+- while a write of a key is unconfirmed (`pending`, `owed_for`), this process's copy of the key
+  is newer than what Redis may answer, and the mirror (mirror.py) leaves it alone;
+- bounded while Redis is away: past PENDING_LIMIT writes and UNCONFIRMED_LIMIT flushes the
+  oldest are dropped (a counter's increments add up in one entry, so its sum is kept);
+- a backlog goes in parts of FLUSH_OPS operations, FLUSHES_PER_CALL parts per round trip, so
+  each call is answered within REDIS_TIMEOUT (sent whole, an outage's backlog took longer than
+  that on a loaded host, and was lost with the process: tests/soak.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+
+T = TypeVar("T")
+NOT_READ: Any = object()
+"""`flush(read)`'s value when there was no write to send the read with."""
+Call = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+"""The store's breaker: one Redis operation within REDIS_TIMEOUT, None when it failed."""
+Notice = Callable[[str, bytes | None, float | None], bytes | None]
+"""The change notice a record's write publishes (None: a key nobody mirrors)."""
+Increments = dict[str, tuple[float, float | None]]
+"""Counter increments by key: (amount, ttl)."""
+Flush = tuple[bytes, list[bytes], list[str]]
+"""A flush as sent: its operations (JSON), the values they name, the records' keys."""
+
+PENDING_LIMIT = 10_000
+"""Writes waiting for Redis (while it is away, the oldest are dropped past this)."""
+BATCH_MEMORY_MS = 3_600_000
+"""How long Redis remembers that a batch of increments was applied."""
+UNCONFIRMED_LIMIT = 256
+"""Flushes kept for sending again while Redis does not confirm them (the oldest dropped)."""
+FLUSH_OPS = 256
+"""The most operations in one flush."""
+FLUSHES_PER_CALL = 8
+"""Flushes sent in one pipeline (one round trip, one REDIS_TIMEOUT)."""
+INCREMENT_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+for i = 2, #KEYS do
+  redis.call('INCRBYFLOAT', KEYS[i], ARGV[2 * i - 2])
+  local ttl = tonumber(ARGV[2 * i - 1])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return 1
+"""
+"""Adds a batch of counter increments once, whatever how often it is sent."""
+WRITE_ALL = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+local ops = cjson.decode(ARGV[2])
+for _, op in ipairs(ops) do
+  local kind = op[1]
+  if kind == 's' then
+    if op[4] > 0 then redis.call('SET', op[2], ARGV[op[3]], 'PX', op[4])
+    else redis.call('SET', op[2], ARGV[op[3]]) end
+  elseif kind == 'd' then redis.call('DEL', op[2])
+  elseif kind == 'p' then redis.call('PUBLISH', op[2], ARGV[op[3]])
+  elseif kind == 'x' then redis.call('XADD', op[2], 'MAXLEN', '~', op[4], '*', 'e', ARGV[op[3]])
+  elseif kind == 'h' then redis.call('HINCRBYFLOAT', op[2], op[3], op[4])
+  elseif kind == 'e' then redis.call('EXPIRE', op[2], op[3])
+  end
+end
+return #ops
+"""
+"""A flush's writes (records, notices, log entries, minute counters) as one command, applied
+once per id (KEYS[1]) like INCREMENT_ONCE: the operations in ARGV[2] (JSON), the values they
+name in the ARGV that follow."""
+
+
+class WriteQueue:
+    """The writes of one process on their way to Redis (see the module docstring)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, call: Call, notice: Notice,
+                 channel: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.call = call
+        self.notice = notice
+        self.channel = channel
+        self.lock = asyncio.Lock()
+        """One pipeline at a time, so that `sync` also waits for the one under way; refreshes
+        of counters take it too (a batch in flight may already be in Redis's value)."""
+        self._owed: Increments = {}
+        """Counter increments not yet sent."""
+        self._batches: OrderedDict[str, Increments] = OrderedDict()
+        """Increments sent under an id, until Redis confirms them."""
+        self._records: OrderedDict[str, tuple[bytes | None, float | None]] = OrderedDict()
+        """Records to write (None: delete), the last write of a key winning."""
+        self._unconfirmed: OrderedDict[str, Flush] = OrderedDict()
+        """Flushes sent under an id until Redis confirms them."""
+        self._unconfirmed_keys: Counter[str] = Counter()
+        """Keys written by unconfirmed flushes."""
+        self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
+        self._fields: dict[str, tuple[dict[str, float], float]] = {}
+        self._increment = client.register_script(INCREMENT_ONCE)
+        self._write_all = client.register_script(WRITE_ALL)
+
+    # ------------------------------------------------------------ queueing
+
+    def add(self, key: str, amount: float, ttl: float | None) -> None:
+        before, before_ttl = self._owed.get(key, (0.0, None))
+        if key not in self._owed and len(self._owed) >= PENDING_LIMIT:
+            return  # bounded: a flood of new counters while Redis is away
+        self._owed[key] = (before + amount, ttl if ttl is not None else before_ttl)
+
+    def put(self, key: str, raw: bytes | None, ttl: float | None) -> None:
+        """A record's write (None: its deletion)."""
+        self._records[key] = (raw, ttl)
+        self._records.move_to_end(key)
+        while len(self._records) > PENDING_LIMIT:
+            self._records.popitem(last=False)
+
+    def delete(self, key: str) -> None:
+        """Forgets the key's queued increments (a batch is applied whole or not at all) and
+        queues its deletion."""
+        self._owed.pop(key, None)
+        for batch in self._batches.values():
+            batch.pop(key, None)
+        self.put(key, None, None)
+
+    def append(self, log: str, raw: bytes, maxlen: int) -> None:
+        self._appends.append((log, raw, maxlen))
+
+    def add_fields(self, key: str, amounts: dict[str, float], ttl: float) -> None:
+        queued, _ = self._fields.get(key, ({}, ttl))
+        for name, amount in amounts.items():
+            queued[name] = queued.get(name, 0.0) + amount
+        self._fields[key] = (queued, ttl)
+
+    # ------------------------------------------------------------ what is not confirmed
+
+    def owed_for(self, key: str) -> float:
+        """This process's increments of a counter that Redis has not confirmed."""
+        return self._owed.get(key, (0.0, None))[0] + sum(
+            batch[key][0] for batch in self._batches.values() if key in batch)
+
+    def pending(self, key: str) -> bool:
+        """Whether this process has a write of the record `key` that Redis has not confirmed."""
+        return key in self._records or key in self._unconfirmed_keys
+
+    def counters_in_flight(self) -> set[str]:
+        """Counters with a batch sent but not confirmed: Redis's value may or may not hold it."""
+        return {key for batch in self._batches.values() for key in batch}
+
+    # ------------------------------------------------------------ sending
+
+    async def load_scripts(self) -> None:
+        """The scripts, loaded once (a restarted Redis has lost them: its NOSCRIPT opens the
+        breaker, and they are loaded again when it is back), so that a flush is one EVALSHA,
+        not a SCRIPT EXISTS first."""
+        async def load() -> None:
+            for script in (INCREMENT_ONCE, WRITE_ALL):
+                await self.client.script_load(script)
+
+        await self.call(load)
+
+    async def flush(self, read: str | None = None) -> tuple[bool, Any]:
+        """Every queued write, in as few round trips as the backlog allows, and with `read`,
+        that key's value read after them in the same round trip (a budget check: one round
+        trip, not two). Whether Redis confirmed them all (if not they stay queued, bounded),
+        and the value read (`NOT_READ` when there was nothing to send: the caller reads it
+        alone). The caller holds `lock`."""
+        if self._owed:
+            self._batches[uuid.uuid4().hex] = self._owed
+            self._owed = {}
+        self._take_writes()
+        batches = list(self._batches.items())
+        writes = list(self._unconfirmed.items())
+        if not (batches or writes):
+            return True, NOT_READ if read is not None else None
+        while len(writes) > FLUSHES_PER_CALL:  # a backlog: oldest first, a call at a time
+            if not (await self._send(batches, writes[:FLUSHES_PER_CALL]))[0]:
+                return False, None
+            batches, writes = [], writes[FLUSHES_PER_CALL:]
+        return await self._send(batches, writes, read)
+
+    async def _send(self, batches: list[tuple[str, Increments]],
+                    writes: list[tuple[str, Flush]],
+                    read: str | None = None) -> tuple[bool, Any]:
+        """One pipeline: counter batches and flushes, each applied once (by its id), and the
+        value of `read` after them."""
+        pipe = self.client.pipeline(transaction=False)
+        for batch, counters in batches:
+            keys = [f"{self.prefix}batch:{batch}", *(self.prefix + key for key in counters)]
+            args: list[float] = [BATCH_MEMORY_MS]
+            for amount, ttl in counters.values():
+                args += [amount, max(1, int(ttl)) if ttl is not None else 0]
+            pipe.evalsha(self._increment.sha, len(keys), *keys, *args)
+        for flush, (ops, values, _) in writes:
+            pipe.evalsha(self._write_all.sha, 1, f"{self.prefix}batch:{flush}",
+                         BATCH_MEMORY_MS, ops, *values)
+        if read is not None:
+            pipe.get(read)
+        answers = await self.call(pipe.execute)
+        if answers is None:
+            return False, None
+        for batch, _ in batches:
+            self._batches.pop(batch, None)
+        for flush, _ in writes:
+            self._confirmed(flush)
+        return True, answers[-1] if read is not None else None
+
+    def _take_writes(self) -> None:
+        """The queued records, log entries and minute counters as one flush under a new id
+        (sent after any earlier flush still unconfirmed, so a key's last write wins)."""
+        records, self._records = self._records, OrderedDict()
+        appends = list(self._appends)
+        self._appends.clear()
+        fields, self._fields = self._fields, {}
+        ops, values = self._operations(records, appends, fields)
+        if not ops:
+            return
+        if len(ops) <= FLUSH_OPS:
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        else:  # a backlog: records first (in one flush), then the log entries in chunks
+            self._take_in_parts(records, appends, fields)
+        self._unconfirmed_keys.update(list(records))
+        while len(self._unconfirmed) > UNCONFIRMED_LIMIT:
+            self._confirmed(next(iter(self._unconfirmed)))  # dropped: bounded while away
+
+    def _take_in_parts(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
+                       appends: list[tuple[str, bytes, int]],
+                       fields: dict[str, tuple[dict[str, float], float]]) -> None:
+        """A large flush as several, in order: the records and minute counters, then the log
+        entries FLUSH_OPS at a time (each part applied once by its own id)."""
+        ops, values = self._operations(records, [], fields)
+        if ops:
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, list(records))
+        for start in range(0, len(appends), FLUSH_OPS):
+            ops, values = self._operations(OrderedDict(), appends[start:start + FLUSH_OPS], {})
+            self._unconfirmed[uuid.uuid4().hex] = (orjson.dumps(ops), values, [])
+
+    def _confirmed(self, flush: str) -> None:
+        _, _, keys = self._unconfirmed.pop(flush)
+        self._unconfirmed_keys.subtract(keys)
+        for key in keys:
+            if self._unconfirmed_keys[key] <= 0:
+                del self._unconfirmed_keys[key]
+
+    def _operations(self, records: OrderedDict[str, tuple[bytes | None, float | None]],
+                    appends: list[tuple[str, bytes, int]],
+                    fields: dict[str, tuple[dict[str, float], float]],
+                    ) -> tuple[list[list[Any]], list[bytes]]:
+        """The writes as WRITE_ALL's operations, and the values they name (by ARGV index):
+        one command for the whole flush, so that Redis answers once, not once a write."""
+        ops: list[list[Any]] = []
+        values: list[bytes] = []
+
+        def value(raw: bytes) -> int:
+            values.append(raw)
+            return len(values) + 2  # ARGV[1] is the id's lifetime, ARGV[2] the operations
+
+        for key, (raw, ttl) in records.items():
+            if raw is None:
+                ops.append(["d", self.prefix + key])
+            else:
+                ops.append(["s", self.prefix + key, value(raw),
+                            0 if ttl is None else max(1, int(ttl * 1000))])
+            notice = self.notice(key, raw, ttl)
+            if notice is not None:
+                ops.append(["p", self.channel, value(notice)])
+        for log, raw, maxlen in appends:
+            ops.append(["x", self.prefix + log, value(raw), maxlen])
+        for key, (amounts, ttl) in fields.items():
+            ops += [["h", self.prefix + key, name, amount] for name, amount in amounts.items()]
+            ops.append(["e", self.prefix + key, max(1, int(ttl))])
+        return ops, values
