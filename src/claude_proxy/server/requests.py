@@ -1,7 +1,11 @@
-"""The shape of incoming requests, checked once per request (chunks are never validated).
+"""The shape of incoming requests, checked once per request (chunks are never validated),
+the same for `/v1/messages` and `/v1/messages/count_tokens`: every field the Messages API
+defines, at every depth, of its JSON type (conversion/shapes.py), or a 400 naming it before
+anything is sent upstream.
 
-Only what the proxy relies on is checked; unknown fields are allowed, since Claude Code adds
-new ones (`context_management`, `output_config`, anything in CLAUDE_CODE_EXTRA_BODY) often.
+Unknown fields are allowed, since Claude Code adds new ones (`context_management`,
+`output_config`, anything in CLAUDE_CODE_EXTRA_BODY) often. Scalars are strict: a `"true"`
+is not a boolean, nor `"0.5"` a number (the layers below get the body as it came).
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from pydantic import (
     Field,
     InstanceOf,
     Strict,
+    StrictBool,
+    StrictFloat,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
 )
 from typing_extensions import TypedDict
 
+from claude_proxy.conversion import shapes
 from claude_proxy.conversion.census import Conversation, checked
 from claude_proxy.errors import ProxyError
 
@@ -58,24 +65,31 @@ Messages = Annotated[list[MessageParam], Field(min_length=1), WrapValidator(_con
 
 
 class CountTokensRequest(BaseModel):
+    """count_tokens takes what `/v1/messages` takes but `max_tokens`, each of its type; the
+    members that are objects and lists have their shapes in `MEMBERS`."""
+
     model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
     messages: Messages
-    system: str | Blocks | None = None
-    tools: Blocks | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    stream: StrictBool | None = None
+    stop_sequences: list[Annotated[str, Strict()]] | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    top_k: StrictInt | None = None
+
+
+MEMBERS: dict[str, shapes.Shape] = {
+    "system": shapes.SYSTEM, "tools": shapes.TOOLS, "tool_choice": shapes.TOOL_CHOICE,
+    "thinking": shapes.THINKING, "metadata": shapes.METADATA,
+    "output_config": shapes.OUTPUT_CONFIG, "output_format": shapes.FORMAT,
+    "context_management": shapes.CONTEXT_MANAGEMENT, "safeguards": shapes.SAFEGUARDS}
+"""The request's members that are objects and lists, by the shape each must have when
+present and not null (a null one is as good as absent)."""
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[StrictInt, Field(ge=0)]
-    stream: bool | None = None
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    metadata: dict[str, Any] | None = None
 
 
 def validate_request(model: type[CountTokensRequest], payload: Any) -> dict[str, Any]:
@@ -85,10 +99,23 @@ def validate_request(model: type[CountTokensRequest], payload: Any) -> dict[str,
         raise ProxyError(400, "request body must be a JSON object")
     try:
         validated = model.model_validate(payload)
+        check_members(payload)
     except ValidationError as exc:
         raise ProxyError(400, describe_validation_error(exc)) from None
+    except shapes.Mismatch as exc:
+        raise ProxyError(400, str(exc)) from None
     payload["messages"] = validated.messages
     return payload
+
+
+def check_members(payload: dict[str, Any]) -> None:
+    """Each of `MEMBERS` of its shape (a `Mismatch` otherwise)."""
+    for name, shape in MEMBERS.items():
+        value = payload.get(name)
+        if value is not None:
+            problem = shape.problem(value)
+            if problem is not None:
+                raise shapes.mismatch(problem, name)
 
 
 def describe_validation_error(exc: ValidationError) -> str:
