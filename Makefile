@@ -119,9 +119,10 @@ unit: $(VENV)/.installed-test $(JS_CLIENTS)
 	$(BIN)/python -m pytest -m "not claude_code"
 
 ## bench: the proxy vs a direct baseline and a FLOOR translator, both run from a production
-## install that the bench (re)builds in .cache/bench-prod-venv (`pip install .` only)
+## install that the bench (re)builds in .cache/bench-prod-venv (`pip install .` only), and the
+## team deployment (Redis, keys, OpenTelemetry) against the bare proxy; about 3 minutes
 ## (e.g. `make bench BENCH_ARGS="--compare-workers"`)
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-test redis
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 ## bench-redis: CPU per request and added latency with REDIS_URL vs in-process state

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from bench import count_tokens, report, scenarios, session
+from bench import count_tokens, repeats, report, scenarios, session, team, tool_calls
 from bench.client import (
     direct_target,
     floor_target,
@@ -75,10 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--only", default="", metavar="NAMES",
                         help=f"comma-separated subset of: {', '.join(SCENARIOS)}, "
-                             "session, count_tokens")
+                             "session, count_tokens, team")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the proxy with py-spy during each PROXY phase; "
                              "flame graphs and a hotspot list go to DIR")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="run the scenarios N times in turn (default 3): each figure is "
+                             "the median of the runs, shown with its spread")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when a target is missed (errors always exit 1)")
     parser.add_argument("--install", choices=("production", "dev"), default="production",
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Scenarios that start their own upstreams and proxies (not the shared Bench).
-OWN_SETUP = ("session", "count_tokens")
+OWN_SETUP = ("session", "count_tokens", "team", "tool_calls")
 
 
 def chosen(only: str) -> list[str]:
@@ -123,10 +126,37 @@ def peak(bench: Bench) -> dict[str, float]:
             for target in bench.targets()}
 
 
-async def run_scenarios(bench: Bench, names: list[str],
-                        profiler: Profiler | None) -> dict[str, Any]:
+MEMORY = ("idle_streams",)
+"""Scenarios that measure memory: run once, in the first pass."""
+
+
+async def run_passes(bench: Bench, names: list[str], passes: int,
+                     meta: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The scenarios `passes` times in turn: each pass's results and CPU accounting, and the
+    machine's load before and after each in `meta` (`load_average_runs`). Memory is read in
+    the first pass only (the idle streams' growth, the peak RSS): later passes start from
+    what the earlier left in the processes, the peak included."""
     await warm_up(bench)
     idle = peak(bench)
+    runs, cpu = [], []
+    meta["load_average_runs"] = []
+    for number in range(passes):
+        if passes > 1:
+            log(f"[run {number + 1} of {passes}]")
+        before = load_average()
+        bench.cpu = {}
+        first = not number
+        runs.append(await run_scenarios(
+            bench, [name for name in names if first or name not in MEMORY],
+            idle if first else None))
+        cpu.append(bench.cpu)
+        meta["load_average_runs"].append({"before": before, "after": load_average()})
+    return runs, cpu
+
+
+async def run_scenarios(bench: Bench, names: list[str],
+                        idle: dict[str, float] | None) -> dict[str, Any]:
+    """Each scenario once; with `idle` (the first pass), the peak RSS too."""
     results: dict[str, Any] = {}
     after: dict[str, float] | None = None
     for name in names:
@@ -136,6 +166,8 @@ async def run_scenarios(bench: Bench, names: list[str],
             after = peak(bench)
         log(f"[{name}]")
         results[name] = await SCENARIOS[name](bench)
+    if idle is None:
+        return results
     final = peak(bench)
     after = after or final
     results["peak_rss"] = {
@@ -238,27 +270,50 @@ def print_report(document: dict[str, Any], checked: list[report.Target]) -> None
     meta = document["meta"]
     print(f"\nclaude-proxy benchmark — scale {meta['scale']}, {meta['workers']} worker(s), "
           f"{meta['cpus']} CPUs, {meta['duration_s']:.0f}s, commit {meta['commit']}, "
-          f"{meta['install']} install")
-    print(report.table(document["scenarios"], checked))
+          f"{meta['install']} install, {meta['repeats']} run(s): medians (and PROXY's range)")
+    print(report.table(document["scenarios"], checked, document.get("spread")))
     if document["scenarios"].get("components"):
         print()
         print(report.components_table(document["scenarios"]["components"], checked))
     if "long_conversation" in document["scenarios"]:
         print()
-        print(report.conversation_table(document["scenarios"]["long_conversation"]))
+        print(report.conversation_table(document["scenarios"]["long_conversation"],
+                                        document.get("spread", {}).get("long_conversation")))
     if "session" in document["scenarios"]:
         print()
         print(session.table(document["scenarios"]["session"]))
     if "count_tokens" in document["scenarios"]:
         print()
         print(count_tokens.report(document["scenarios"]["count_tokens"]))
+    if "tool_calls" in document["scenarios"]:
+        print()
+        print(tool_calls.report(document["scenarios"]["tool_calls"]))
+    if "team" in document["scenarios"]:
+        print()
+        print(team.table(document["scenarios"]["team"]))
     if "workers" in document:
         print()
         print(report.workers_table(document["workers"]))
     print()
     print(report.cpu_table(document["cpu"]))
+    print(report.load_line(meta))
     print()
     print(report.summary(checked))
+
+
+ONCE = ("components", "session", "count_tokens", "team")
+"""Results measured once, after the runs (not timed against another side in turn)."""
+
+
+def checked_targets(document: dict[str, Any]) -> list[report.Target]:
+    """The targets of each run (with what was measured once: components, session, team),
+    each as its median over the runs with their spread."""
+    scenarios = document["scenarios"]
+    once = {name: value for name, value in scenarios.items() if name in ONCE}
+    runs = document.get("runs") or [{name: value for name, value in scenarios.items()
+                                     if name not in ONCE}]
+    return repeats.targets([report.targets(run) for run in runs]) + report.targets(once)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "scale": args.scale, "workers_requested": args.workers, "cpus": os.cpu_count(),
         "python": platform.python_version(), "commit": git_commit(),
         "fd_limit": raise_fd_limit(8 * max(1000, round(1000 * args.scale)) + 1000),
-        "load_average_before": load_average()}
+        "load_average_before": load_average(), "repeats": args.repeats}
     if meta["load_average_before"] > 0.5:
         log(f"warning: load average {meta['load_average_before']:.2f} before the start: other "
             "processes are using the CPUs, so the results will be noisy (see 'other' below)")
@@ -283,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bench: {exc}")
         return 2
     meta["duration_s"] = round(time.time() - started, 1)
-    checked = report.targets(document["scenarios"])
+    checked = checked_targets(document)
     document["targets"] = [target.as_json() for target in checked]
     write_json(args.json, document)
     print_report(document, checked)
@@ -340,8 +395,9 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             if profiler is not None:
                 profiler.attach_to(proxy.pid)
             bench = make_bench(proxy, upstream, args.scale, profiler, floor, messages)
-            results = asyncio.run(run_scenarios(
-                bench, [name for name in names if name in SCENARIOS], profiler))
+            runs, cpu = asyncio.run(run_passes(
+                bench, [name for name in names if name in SCENARIOS], args.repeats, meta))
+        results = repeats.combine(runs)
         if "nonstream_latency" in results:
             log("[components]")
             results["components"] = components(python, results["nonstream_latency"])
@@ -351,7 +407,15 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
         if "count_tokens" in names:
             log("[count_tokens]")
             results["count_tokens"] = count_tokens.results(workdir)
-        document: dict[str, Any] = {"meta": meta, "scenarios": results, "cpu": bench.cpu}
+        if "tool_calls" in names:
+            log("[tool_calls]")
+            results["tool_calls"] = tool_calls.results(args.scale)
+        if "team" in names:
+            log("[team]")
+            results["team"] = team.run(workdir, log)
+        document: dict[str, Any] = {
+            "meta": meta, "scenarios": results, "cpu": repeats.combine(cpu),
+            "spread": repeats.spread(runs) if len(runs) > 1 else {}, "runs": runs}
         if args.compare_workers:
             log("[compare workers]")
             document["workers"] = asyncio.run(

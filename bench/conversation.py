@@ -21,7 +21,7 @@ import orjson
 FIXTURE = (Path(__file__).resolve().parent.parent / "tests" / "data" / "fixtures"
            / "claude-code-2.1.332-tool-loop-second-request.json")
 RESULT_BYTES = 4096
-SIZES_KB = (50, 200, 800)
+SIZES_KB = (100, 850)
 
 
 def recorded() -> dict[str, Any]:

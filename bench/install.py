@@ -1,5 +1,6 @@
 """The production install the benchmark measures: a venv holding `pip install .` and nothing
-else (no editable install, no test extras), what `make run`, the container and every user get.
+else (no editable install, no test extras; only FLOOR's SSE decoders beside, which the proxy
+never imports), what `make run`, the container and every user get.
 
 The dev venv is not what users run: the test extras pull in packages (sniffio, through the
 anthropic SDK) that change the hot path of libraries which only look for them. The venv lives
@@ -22,6 +23,9 @@ from pathlib import Path
 from bench.procs import ROOT, StartupError
 
 VENV = ROOT / ".cache" / "bench-prod-venv"
+FLOOR_NEEDS = ("httpx-sse>=0.4,<0.5",)
+"""What FLOOR (bench/floor.py, run from this install) uses that the proxy does not: the
+proxy reads SSE itself; FLOOR keeps the stack's decoders. Never imported by the proxy."""
 STAMP = "claude-proxy-source.sha256"
 
 
@@ -41,22 +45,26 @@ def source_hash(source: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def venv_for(source: Path) -> Path:
-    """This tree's production venv, or a separate one per other source tree (`--source`)."""
+def venv_for(source: Path, extras: str = "") -> Path:
+    """This tree's production venv, or a separate one per other source tree (`--source`)
+    and per extras (`otel`: the team column's)."""
+    suffix = f"-{extras}" if extras else ""
     if source.resolve() == ROOT:
-        return VENV
+        return VENV.with_name(VENV.name + suffix)
     name = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:10]
-    return VENV.with_name(f"{VENV.name}-{name}")
+    return VENV.with_name(f"{VENV.name}-{name}{suffix}")
 
 
 def python_of(directory: Path) -> Path:
     return directory / "bin" / "python"
 
 
-def production_python(log: Callable[[str], None], source: Path = ROOT) -> Path:
+def production_python(log: Callable[[str], None], source: Path = ROOT,
+                      extras: str = "") -> Path:
     """The interpreter of an up-to-date production venv of `source` (a checkout of
-    claude-proxy; default this one), (re)built first if needed."""
-    directory = venv_for(source)
+    claude-proxy; default this one) with `extras` (e.g. `otel`), (re)built first if
+    needed."""
+    directory = venv_for(source, extras)
     wanted = source_hash(source)
     directory.parent.mkdir(parents=True, exist_ok=True)
     with (directory.parent / f"{directory.name}.lock").open("w") as lock:
@@ -64,12 +72,14 @@ def production_python(log: Callable[[str], None], source: Path = ROOT) -> Path:
         stamp = directory / STAMP
         if python_of(directory).exists() and stamp.exists() and stamp.read_text() == wanted:
             return python_of(directory)
-        log(f"building the production install in {directory} (pip install .)")
+        spec = f"{source.resolve()}[{extras}]" if extras else str(source.resolve())
+        log(f"building the production install in {directory} "
+            f"(pip install .{f'[{extras}]' if extras else ''})")
         shutil.rmtree(directory, ignore_errors=True)
         # From the base interpreter, not the dev venv's (venv uses sys._base_executable).
         venv.EnvBuilder(with_pip=True).create(directory)
         run = subprocess.run([str(python_of(directory)), "-m", "pip", "install", "--quiet",
-                              "--disable-pip-version-check", str(source.resolve())],
+                              "--disable-pip-version-check", spec, *FLOOR_NEEDS],
                              capture_output=True, text=True, cwd=directory)
         if run.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)

@@ -56,10 +56,14 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("redis-server did not start")
 
 
-async def measure(url: str, pids: list[int], count: int, warmup: int) -> dict[str, Any]:
+async def measure(url: str, pids: list[int], count: int, warmup: int,
+                  key: str | None = None) -> dict[str, Any]:
+    """`count` sequential requests after `warmup`: their p50 and p99, and each of `pids`'s
+    CPU per request (its children's too). `key`: the client key sent (default the bench's)."""
     target = proxy_target(url)
     body = orjson.dumps(target.build(8, 0.0, False))
-    headers = {"content-type": "application/json", **SESSION}
+    headers = {"content-type": "application/json", **target.headers, **SESSION,
+               **({"x-api-key": key} if key else {})}
     latencies = []
     async with new_client() as client:
         for _ in range(warmup):

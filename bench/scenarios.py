@@ -222,8 +222,9 @@ async def first_token(bench: Bench) -> Result:
 
 
 async def long_stream(bench: Bench) -> Result:
-    """One stream of many chunks, repeated a few times; the median rate is reported."""
-    chunks, repeats = bench.count(5000, 50), 3
+    """One stream of many chunks (20,000: a long answer), repeated a few times; the median
+    rate is reported."""
+    chunks, repeats = bench.count(20000, 50), 3
     result: Result = {"chunks": chunks, "repeats": repeats}
     for target in bench.targets():
         bench.log(f"  3. one stream of {chunks} chunks, x{repeats} ({target.name})")
@@ -379,12 +380,13 @@ that a change in the machine's speed during the phase falls on every side alike.
 
 
 async def long_conversation(bench: Bench) -> Result:
-    """A Claude Code session late in its life: the recorded request grown by file-read turns
-    to 50, 200 and 800 KB (bench/conversation.py), each request one turn longer than the last
+    """A Claude Code session's next turns: the recorded request grown by file-read turns to
+    about 100 and 850 KB (bench/conversation.py), each request one turn longer than the last
     and sent with the session's header, non-streamed and streamed, to PROXY and FLOOR (DIRECT
     has no conversation to translate), the sides taking turns in rounds. Reported: server CPU
-    per request, and its ratio."""
-    count, warmup = bench.count(80, 4), bench.count(4, 1)
+    per request, and its ratio. 40 requests a size (after 4 that pay the session's first
+    parse and conversion): the conversation grows by 170 KB over them."""
+    count, warmup = bench.count(40, 4), bench.count(4, 1)
     rounds = min(LONG_ROUNDS, count)
     result: Result = {"requests": count, "rounds": rounds, "sizes_kb": list(SIZES_KB)}
     session = {SESSION_HEADER: f"bench-long-{random.getrandbits(32):08x}"}

@@ -369,6 +369,8 @@ class ScriptedUpstream(LoopbackServer):
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []
+        """Each request's body as it came (`requests` holds them parsed)."""
         self.headers: list[dict[str, str]] = []
         self._replies: deque[Reply] = deque()
         self.responder: Callable[[dict[str, Any]], Reply | None] | None = None
@@ -403,6 +405,7 @@ class ScriptedUpstream(LoopbackServer):
     def reset(self) -> None:
         self.paths.clear()
         self.requests.clear()
+        self.raw.clear()
         self.headers.clear()
         self._replies.clear()
         self.responder = None
@@ -443,6 +446,7 @@ class ScriptedUpstream(LoopbackServer):
         body = json.loads(raw)
         with self._lock:
             self.requests.append(body)
+            self.raw.append(raw)
             self.headers.append(dict(request.headers))
             self.paths.append(request.url.path)
             reply = self._next_reply(body, request.url.path)

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from bench.conversation import file_text
 
 from claude_proxy.conversion.signatures import ThinkingSigner
 from tests.claude_code_pin import default_claude_bin, environment
-from tests.conftest import ProxyServer
+from tests.conftest import ProxyServer, SuiteRecord
 from tests.scripted_upstream import (
     Reply,
     ScriptedUpstream,
@@ -466,7 +467,7 @@ def test_a_sessions_next_request_reuses_the_messages_claude_code_sent_before(
     upstream.responder = respond
     lines = run_claude(tmp_path, proxy, "read sample.py twice", "--allowedTools", "Read")
     assert lines[-1]["result"] == "Read it twice."
-    (_, kept), = proxy.app.state.wiring.bodies.items()
+    (key, kept), = proxy.app.state.wiring.bodies.items()
     # The first request's one message changed on the second (its marker moved), so the
     # second shared nothing and joined it; the third took the second's place.
     remembered, first = kept.bodies
@@ -478,3 +479,20 @@ def test_a_sessions_next_request_reuses_the_messages_claude_code_sent_before(
     assert [message.get("reasoning_content") for message in sent
             if message["role"] == "assistant"] == ["Read it — 0.", "Read it — 1."]
     assert "日本語" in sent[-1]["content"]
+    # The third was converted only where it changed (conversion/reuse.py): the second's
+    # converted messages of the two it shared, reused, written as a whole conversion writes
+    # them (a proxy without the memo sends the very bytes).
+    converted = remembered.turns.last
+    assert converted is not None and converted.sources[:2] == remembered.messages[:2]
+    assert converted.written is not None and converted.written.json == upstream.raw[2]
+    whole = proxy_factory(provider="deepseek", middle_model="deepseek-reasoner",
+                          reasoning_with_tools=True, thinking_signature_secret=SECRET,
+                          session_memo_bytes=0)
+    session = key.split("\n", 1)[1]
+    headers = [headers for path, headers in SuiteRecord.requests if path == "/v1/messages"
+               and headers.get("x-claude-code-session-id") == session][-1]  # the third's
+    answer = httpx.post(f"{whole.url}/v1/messages", content=remembered.raw, timeout=30,
+                        headers={name: value for name, value in headers.items()
+                                 if name not in ("host", "content-length")})
+    assert answer.status_code == 200, answer.text
+    assert upstream.raw[3] == upstream.raw[2]

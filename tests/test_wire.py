@@ -5,8 +5,11 @@ A real uvicorn server on loopback, read with a raw socket so each `recv` shows w
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,12 +29,32 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
+    if scope["path"] == "/echo":
+        await echo(receive, send)
+        return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/plain"), (b"content-length", b"5")]})
     if scope["path"] == "/late":
         while not released.is_set():
             await asyncio.sleep(0.01)
     await send({"type": "http.response.body", "body": b"hello"})
+
+
+async def echo(receive: Receive, send: Send) -> None:
+    """The body's digest, its length and how many pieces it came in, read slowly (so that
+    pieces also arrive while the one before is still waiting to be taken)."""
+    digest, size, pieces, more = hashlib.sha256(), 0, 0, True
+    while more:
+        message = await receive()
+        body = message.get("body", b"")
+        assert type(body) is bytes
+        digest.update(body)
+        size, pieces, more = size + len(body), pieces + 1, message.get("more_body", False)
+        await asyncio.sleep(0.002)
+    answer = f"{digest.hexdigest()} {size} {pieces}".encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +155,28 @@ def test_keep_alive_answers_stay_in_order(port: int) -> None:
         assert read_until(client, b"hello") == HEAD + b"hello"
         client.sendall(b"GET /now HTTP/1.1\r\nhost: x\r\n\r\n")
         assert read_until(client, b"hello") == HEAD + b"hello"
+
+
+def test_a_body_sent_in_many_pieces_reaches_the_application_whole(port: int) -> None:
+    """Pieces are handed on as httptools made them, and joined as uvicorn joins them when
+    several came before the application took the one before: whatever the timing, the
+    application reads the very bytes sent, in order."""
+    body = os.urandom(3 * 1024 * 1024 + 17)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                       + str(len(body)).encode() + b"\r\n\r\n")
+        cuts = [*range(0, 2_100_000, 700_000), *range(2_100_000, len(body), 8192)]
+        for start, end in zip(cuts, [*cuts[1:], len(body)], strict=True):
+            client.sendall(body[start:end])
+            if end - start < 65536:
+                time.sleep(0.0005)  # small pieces: several come while the app sleeps
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += client.recv(65536)
+        head, answer = data.split(b"\r\n\r\n", 1)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        while len(answer) < length:
+            answer += client.recv(65536)
+    digest, size, pieces = answer.decode().split()
+    assert (digest, int(size)) == (hashlib.sha256(body).hexdigest(), len(body))
+    assert int(pieces) > 1

@@ -106,6 +106,16 @@ class Metrics:
         self.cost = Counter("claude_proxy_cost_usd", "Spend in USD by key name (never the "
                             "key), provider and upstream model", ["key", "provider", "model"],
                             registry=registry)
+        self.tool_calls = Counter(
+            "claude_proxy_tool_calls_total", "Upstream tool calls by provider, model and what "
+            "the guard found (valid, repaired, repairable, invalid, unchecked, overflow, "
+            "dropped)", ["provider", "model", "outcome"], registry=registry)
+        self.tool_call_repairs = Counter(
+            "claude_proxy_tool_call_repairs_total", "Tool-call repairs by provider, model and "
+            "kind (the rung and what it changed)", ["provider", "model", "kind"],
+            registry=registry)
+        self.tool_calls_of = Children(self.tool_calls)
+        self.tool_repairs_of = Children(self.tool_call_repairs)
         self.requests_of = Children(self.requests)
         self.first_byte_of = Children(self.time_to_first_byte)
         self.duration_of = Children(self.duration)

@@ -121,6 +121,10 @@ class RequestRecord:
     which were kept for as long as the stream and then the inspector's ring held them."""
     message: dict[str, Any] | None = None
     """The whole answer of a non-streaming request."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """What the tool-call guard found of each upstream tool call (`ToolGuard`): its outcome,
+    and for a call that was not valid its kinds of repair, first error, and its arguments as
+    the upstream sent them."""
     error_body: bytes | None = None
     """The start of an error response's body (status >= 400)."""
     trace: RequestTrace | None = None

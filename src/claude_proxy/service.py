@@ -26,7 +26,10 @@ from claude_proxy.conversion.response_converter import (
     collect_message,
     convert_chunks,
 )
+from claude_proxy.conversion.reuse import Slot
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
+from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard, reask_body
+from claude_proxy.conversion.tool_schemas import OfferedTools, metric_kind
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -226,9 +229,10 @@ class MessagesService:
         return opaque
 
     def convert(self, provider: Provider, model: str, body: dict[str, Any],
-                cache_key: str | None = None) -> UpstreamRequest:
+                cache_key: str | None = None, turns: Slot | None = None) -> UpstreamRequest:
         """The upstream request, minus whatever this model is known to refuse, in the API
-        the provider takes for this model (upstream/api.py picks it)."""
+        the provider takes for this model (upstream/api.py picks it). `turns`: the
+        conversation's last conversion, for this one to reuse (conversion/reuse.py)."""
         body = self.replay(body)  # earlier web searches as text
         body = restore_hidden_thinking(body, self.signer)  # display "omitted" blocks
         refusals = provider.refusals
@@ -237,7 +241,7 @@ class MessagesService:
         upstream = api.build(body, settings, Build(
             model, refusals, is_ours=self.is_ours,
             opaque_for=self.opaque_for(self.origin(provider, model)), cache_key=cache_key,
-            betas=current_record().betas))
+            betas=current_record().betas, turns=turns))
         record = current_record()  # for the dashboard's inspector (kept by reference)
         record.client_body, record.upstream_body = body, upstream.body
         record.added = upstream.extras
@@ -260,7 +264,8 @@ class MessagesService:
                                     parser=api_of(upstream).parser(upstream),
                                     omit_thinking=omitted,
                                     stop_sequences=body.get("stop_sequences") or (),
-                                    window=attempt.fit.window)
+                                    window=attempt.fit.window,
+                                    guard=self.tool_guard(body, attempt))
         if body.get("context_management") is not None:
             converter.event_fields["context_management"] = {"applied_edits": attempt.edits}
         if safeguards.requested(body):
@@ -271,12 +276,25 @@ class MessagesService:
                 converter.judge = partial(self.judge, body)
         return converter
 
+    def tool_guard(self, body: dict[str, Any], attempt: Attempt) -> ToolGuard | None:
+        """The tool-call guard for the answer (TOOL_GUARD), None when off or when the request
+        offers no tools."""
+        settings = self.settings_of(attempt.provider)
+        mode = settings.guard_mode
+        if mode == "off" or not body.get("tools"):
+            return None
+        report = tool_call_reporter(self.metrics, attempt.candidate.provider,
+                                    attempt.candidate.model)
+        return ToolGuard(OfferedTools.of_request(body), report, mode=mode,
+                         max_hold=settings.tool_guard_max_hold_bytes)
+
     # ------------------------------------------------------------ routing and failover
 
     async def routed(self, body: dict[str, Any], send: Send[T], session: str | None,
-                     raw: bytes | None = None) -> tuple[Attempt, T]:
+                     raw: bytes | None = None, turns: Slot | None = None) -> tuple[Attempt, T]:
         """Walk the router's candidates until one answers (before its first byte). `raw`:
-        the client's JSON that `body` was parsed from, for the estimate."""
+        the client's JSON that `body` was parsed from, for the estimate; `turns`: the
+        conversation's last conversion (conversion/reuse.py)."""
         record = current_record()
         record.client_model, record.stream = body["model"], bool(body.get("stream"))
         estimate = estimate_request_tokens(body, raw=raw)
@@ -296,7 +314,7 @@ class MessagesService:
             record.input_estimate = fit.raw
             try:
                 attempt, result = await self._attempt(provider, candidate, fit, body, send,
-                                                      cache_key)
+                                                      cache_key, turns)
             except ProxyError as error:
                 self.metrics.count_upstream_error(error.error_type)
                 await self._after_failure(walk, provider, candidate, error, fit)
@@ -471,8 +489,8 @@ class MessagesService:
     # ------------------------------------------------------------ one provider
 
     async def _attempt(self, provider: Provider, candidate: Candidate, fit: preflight.Fit,
-                       body: dict[str, Any], send: Send[T],
-                       cache_key: str | None = None) -> tuple[Attempt, T]:
+                       body: dict[str, Any], send: Send[T], cache_key: str | None = None,
+                       turns: Slot | None = None) -> tuple[Attempt, T]:
         """Send to one provider; if it refuses something we added (an optional field, the
         cache breakpoints, the reasoning fields, a later system message), remember that for
         the model and send once more without. `cache_key`: the session's prompt-cache key.
@@ -481,7 +499,7 @@ class MessagesService:
         edited = context_edits.apply(body, fit.tokens, needs_reasoning=context_edits.
                                      needs_reasoning(self.settings_of(provider)))
         body = edited.body
-        upstream = self.convert(provider, candidate.model, body, cache_key)
+        upstream = self.convert(provider, candidate.model, body, cache_key, turns)
         try:
             return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
@@ -498,46 +516,68 @@ class MessagesService:
             for field in refused:
                 provider.refusals.remember(model, field)
             await self.store.sync()  # the fleet leaves it out from now on, too
-            upstream = self.convert(provider, candidate.model, body, cache_key)
+            upstream = self.convert(provider, candidate.model, body, cache_key, turns)
             return (Attempt(provider, candidate, upstream, fit, edited.applied),
                     await _timed_send(provider, upstream, send))
 
     # ------------------------------------------------------------ entry points
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
-                          raw: bytes | None = None) -> tuple[StreamConverter, UpstreamStream]:
+                          raw: bytes | None = None, turns: Slot | None = None
+                          ) -> tuple[StreamConverter, UpstreamStream]:
         """The upstream stream, opened (errors before the first byte raise ProxyError).
-        `raw`: as for `routed`."""
+        `raw`, `turns`: as for `routed`."""
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
             return api_of(upstream).send_stream(provider.client, upstream)
 
-        attempt, stream = await self.routed(body, send, session, raw)
+        attempt, stream = await self.routed(body, send, session, raw, turns)
         return self.converter(body, attempt), stream
 
     async def create(self, body: dict[str, Any], session: str | None = None,
-                     raw: bytes | None = None) -> dict[str, Any]:
+                     raw: bytes | None = None, turns: Slot | None = None) -> dict[str, Any]:
         """A whole Message, for non-streaming clients. With stop sequences the upstream is
-        asked for a stream, so that it can be cancelled where one matches. `raw`: as for
-        `routed`."""
+        asked for a stream, so that it can be cancelled where one matches. `raw`, `turns`:
+        as for `routed`."""
         if body.get("stop_sequences"):
-            return await self._create_streamed(body, session)
+            return await self._create_streamed(body, session, turns)
 
         def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[dict[str, Any]]:
             return api_of(upstream).send_once(provider.client, upstream)
 
-        attempt, answer = await self.routed(body, send, session, raw)
+        attempt, answer = await self.routed(body, send, session, raw, turns)
+        message, reasoning = await self._whole(body, attempt, answer)
+        usage = message["usage"]
+        record = current_record()
+        retry = reask_body(body, message, record.tool_calls) if self.settings_of(
+            attempt.provider).tool_guard_reask else None
+        if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
+            mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+            attempt, answer = await self.routed(retry, send, session)
+            message, more = await self._whole(retry, attempt, answer)
+            # Both answers were paid for: the Message says so, as does the spend.
+            usage = message["usage"] = {
+                kind: value + usage.get(kind, 0) if isinstance(value, int) else value
+                for kind, value in message["usage"].items()}
+            reasoning += more
+        record.message = message
+        record_usage(usage, reasoning)
+        self.remember_session(session, record)
+        return message
+
+    async def _whole(self, body: dict[str, Any], attempt: Attempt,
+                     answer: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """A whole upstream answer as a Message, and its reasoning tokens."""
         chunks = api_of(attempt.upstream).events_of(answer)
         converter = self.converter(body, attempt)
         events = convert_chunks(chunks, converter, end=False)
         message = collect_message(events + await converter.settle() + converter.finish())
-        current_record().message = message
-        record_usage(message["usage"], converter.reasoning_tokens())
-        self.remember_session(session, current_record())
-        return message
+        return message, converter.reasoning_tokens()
 
-    async def _create_streamed(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
+    async def _create_streamed(self, body: dict[str, Any], session: str | None,
+                               turns: Slot | None = None) -> dict[str, Any]:
         """`create` through an upstream stream, read until its end or a stop sequence."""
-        converter, stream = await self.open_stream({**body, "stream": True}, session)
+        converter, stream = await self.open_stream({**body, "stream": True}, session,
+                                                   turns=turns)
         record = current_record()
         record.stream = False
         events = converter.start()
@@ -568,6 +608,36 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate, record.thread)
+
+
+def tool_call_reporter(metrics: Metrics, provider: str, model: str) -> Report:
+    """What is said of each tool call the guard saw: counted (by provider, model and
+    outcome, and each repair by kind), kept on the request's record (the inspector, the
+    dashboard, OpenTelemetry; the original arguments of a call that was not valid), and one
+    log line for every call that was not valid, its client values escaped."""
+    record = current_record()
+
+    def report(call: CallReport) -> None:
+        metrics.tool_calls_of(provider, model, call.outcome).inc()
+        for kind in call.kinds:
+            metrics.tool_repairs_of(provider, model, metric_kind(kind)).inc()
+        if call.outcome == "valid":
+            record.tool_calls.append({"tool": call.tool, "outcome": "valid"})
+            return
+        record.tool_calls.append(call.as_dict())
+        logger.log(logging.WARNING if call.outcome == "invalid" else logging.INFO,
+                   "tool call provider=%s model=%s tool=%s outcome=%s kinds=%s bytes=%d->%s "
+                   "error=%s", provider, model, shown(call.tool), call.outcome,
+                   shown(",".join(call.kinds)), len(call.original),
+                   "+".join(str(len(sent)) for sent in call.sent) or "-",
+                   shown(call.error or "-"))
+    return report
+
+
+def shown(value: str, limit: int = 200) -> str:
+    """A value from the upstream or the client as a log line may carry it: quoted, its
+    control characters and line breaks escaped, cut at `limit` characters."""
+    return repr(value[:limit] + ("…" if len(value) > limit else ""))
 
 
 async def _timed_send(provider: Provider, upstream: UpstreamRequest, send: Send[T]) -> T:

@@ -46,6 +46,8 @@ Tier = Literal["big", "middle", "small"]
 """The three model slots Claude Code's names map to: opus → big, sonnet → middle, haiku → small."""
 TIERS: tuple[Tier, ...] = ("big", "middle", "small")
 WebSearchMode = Literal["native", "backend", "off"]
+GuardMode = Literal["off", "observe", "repair"]
+"""TOOL_GUARD: what the tool-call guard does (docs/tool-calls.md)."""
 WebSearchBackend = Literal["searxng", "brave", "tavily", "exa"]
 
 OPENAI_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
@@ -121,9 +123,17 @@ PROFILES: dict[str, ProviderProfile] = {
 }
 
 DEFAULT_THINK_TAG_PREFIXES = ("deepseek-r1", "qwq", "minimax-m2", "minimax-m3")
-# Models whose servers (vLLM, SGLang, llama.cpp) sometimes leave a tool call written as text
-# in the content (docs/text-tool-calls.md).
-DEFAULT_TEXT_TOOL_CALL_PREFIXES = ("qwen3-coder", "qwen3.5", "qwen3.6")
+# Models whose servers (vLLM, SGLang, llama.cpp, resellers) sometimes leave a tool call
+# written as text in the content, by the markup family that reads it: each is on for the
+# models that ship its format (docs/text-tool-calls.md; conversion/text_tool_calls.py).
+DEFAULT_TOOL_CALL_MARKUP: dict[str, tuple[str, ...]] = {
+    "qwen": ("qwen3-coder", "qwen3.5", "qwen3.6"),
+    "deepseek": ("deepseek",),
+    "kimi": ("kimi", "moonshot"),
+    "glm": ("glm",),
+    "minimax": ("minimax",),
+    "harmony": ("gpt-oss",),
+}
 
 # Substrings of the upstream host (or URL) that identify a provider when PROVIDER is unset.
 _URL_HINTS: tuple[tuple[str, str], ...] = (
@@ -193,6 +203,15 @@ class ProviderSettings(BaseModel):
     text_tool_call_prefixes: PrefixList = None
     """TEXT_TOOL_CALL_PREFIXES: models whose tool calls written as text (Qwen3-Coder's
     `<function=…>` XML, `<tool_call>` JSON) become tool_use blocks."""
+    deepseek_tool_call_prefixes: PrefixList = None
+    """DEEPSEEK_TOOL_CALL_PREFIXES: the same for DeepSeek's DSML and special tokens."""
+    kimi_tool_call_prefixes: PrefixList = None
+    glm_tool_call_prefixes: PrefixList = None
+    minimax_tool_call_prefixes: PrefixList = None
+    harmony_tool_call_prefixes: PrefixList = None
+    reasoning_tool_call_prefixes: PrefixList = None
+    """REASONING_TOOL_CALL_PREFIXES: models whose reasoning is read for those formats too
+    (opt-in: a section the reasoning ends in may be a plan, not a call)."""
     buffer_stream_model_prefixes: PrefixList = None
     responses_api: bool = True
     upstream_api: Literal["chat", "messages"] = "chat"
@@ -210,9 +229,23 @@ class ProviderSettings(BaseModel):
     """How Claude Code's WebSearch runs for this provider: `native` (the provider's own
     search), `backend` (the process's WEB_SEARCH_BACKEND; the default when one is set) or
     `off` (the Anthropic `unavailable` error, never an answer from memory)."""
+    tool_guard: GuardMode | None = None
+    """TOOL_GUARD: `repair` (the default) holds each tool call until it is complete, checks it
+    against the tool's schema and repairs what provably validates; `observe` only counts;
+    `off`. Unset for Anthropic's own API: `observe` (its calls stream as they come)."""
+    tool_guard_max_hold_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    """TOOL_GUARD_MAX_HOLD_BYTES: the most of one call's arguments held (characters); past
+    it the call streams as it comes, unchecked."""
+    tool_guard_reask: bool = False
+    """TOOL_GUARD_REASK: a non-streamed answer whose tool call nothing could repair is asked
+    for once more, with the validation error as that call's result."""
 
     @field_validator("reasoning_chat_prefixes", "reasoning_model_prefixes", "think_tag_prefixes",
-                     "text_tool_call_prefixes", "buffer_stream_model_prefixes", mode="before")
+                     "text_tool_call_prefixes", "deepseek_tool_call_prefixes",
+                     "kimi_tool_call_prefixes", "glm_tool_call_prefixes",
+                     "minimax_tool_call_prefixes", "harmony_tool_call_prefixes",
+                     "reasoning_tool_call_prefixes", "buffer_stream_model_prefixes",
+                     mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         """`a,b, c` in the environment; an explicit empty value means 'none'."""
@@ -222,7 +255,7 @@ class ProviderSettings(BaseModel):
 
     @field_validator("reasoning_effort", "reasoning_verbosity", "reasoning_dialect",
                      "reasoning_passback", "prompt_cache", "web_search", "upstream_api",
-                     mode="before")
+                     "tool_guard", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         if value == "":
@@ -307,11 +340,30 @@ class ProviderSettings(BaseModel):
             return DEFAULT_THINK_TAG_PREFIXES
         return tuple(self.think_tag_prefixes)
 
+    def tool_call_markup(self, model: str) -> tuple[str, ...]:
+        """The markup families (DEFAULT_TOOL_CALL_MARKUP's names) read from this model's
+        text: each family's `*_TOOL_CALL_PREFIXES`, else its default."""
+        chosen = {"qwen": self.text_tool_call_prefixes,
+                  "deepseek": self.deepseek_tool_call_prefixes,
+                  "kimi": self.kimi_tool_call_prefixes, "glm": self.glm_tool_call_prefixes,
+                  "minimax": self.minimax_tool_call_prefixes,
+                  "harmony": self.harmony_tool_call_prefixes}
+        return tuple(family for family, default in DEFAULT_TOOL_CALL_MARKUP.items()
+                     if matches_prefix(model, default if chosen[family] is None
+                                       else tuple(chosen[family] or ())))
+
+    def reads_reasoning_tool_calls(self, model: str) -> bool:
+        return matches_prefix(model, tuple(self.reasoning_tool_call_prefixes or ()))
+
     @property
-    def text_tool_call_models(self) -> tuple[str, ...]:
-        if self.text_tool_call_prefixes is None:
-            return DEFAULT_TEXT_TOOL_CALL_PREFIXES
-        return tuple(self.text_tool_call_prefixes)
+    def guard_mode(self) -> GuardMode:
+        """TOOL_GUARD, else `observe` for Anthropic's own Messages API (a route to Claude
+        keeps streaming tool arguments as they come) and `repair` for every other upstream."""
+        if self.tool_guard is not None:
+            return self.tool_guard
+        host = urlsplit(self.openai_base_url).hostname or ""
+        anthropic = host == "anthropic.com" or host.endswith(".anthropic.com")
+        return "observe" if anthropic and self.upstream_api == "messages" else "repair"
 
     @property
     def buffered_models(self) -> tuple[str, ...]:
@@ -413,9 +465,10 @@ class Settings(BaseSettings, ProviderSettings, SearchSettings):
     memory cost each request page faults."""
     session_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     """SESSION_MEMO_BYTES: the most this process keeps of its sessions' last request bodies,
-    so that a session's next request is parsed only where it changed (server/incremental.py);
-    the least recently used go first, 0 keeps none. A body of 800 KB counts 2 MB (its bytes
-    and its parsed messages)."""
+    so that a session's next request is parsed and converted only where it changed
+    (server/incremental.py, conversion/reuse.py); the least recently used go first, 0 keeps
+    none. A body of 800 KB counts 3.2 MB (its bytes, its parsed messages, their conversion
+    and the upstream body written from it)."""
     metrics_public: bool = False
     """Serve /metrics without the client key even when ANTHROPIC_API_KEY is set."""
 

@@ -122,6 +122,8 @@ class _ToolCall:
     fragments: list[str] = field(default_factory=list)
     sent: int = 0
     anthropic_id: str = ""
+    done: bool = False
+    """No more of it will come (`ToolCall.last`): its block may close at once."""
 
     def arguments(self) -> str:
         return "".join(self.fragments)
@@ -428,15 +430,19 @@ class BlockMachine:
         if piece.arguments:
             call.fragments.append(piece.arguments)
             self._streamed_chars += len(piece.arguments)
+        call.done = call.done or piece.last
         self._pump_tools(events)
 
     def _pump_tools(self, events: list[Event]) -> None:
-        """Stream the open tool call; move on to the next queued call once the open one's
-        arguments are a complete JSON document (calls may arrive interleaved)."""
+        """Stream the open tool call; close it once it is done, or move on to the next queued
+        call once the open one's arguments are a complete JSON document (calls may arrive
+        interleaved)."""
         while True:
             if isinstance(self._open, _ToolBlockState):
                 events.extend(self._open.pending_deltas())
-                if not (self._queued and self._queued[0].name and self._open.call.is_complete()):
+                call = self._open.call
+                if not call.done and not (
+                        self._queued and self._queued[0].name and call.is_complete()):
                     return
                 events.extend(self._close_open())
             if not self._queued or not self._queued[0].name:

@@ -95,24 +95,30 @@ def session_cache_key(session_header: str | None, request: dict[str, Any]) -> st
 
 
 def apply_prompt_cache(body: dict[str, Any], client_tools: Any, settings: ProviderSettings,
-                       mode: CacheMode, cache_key: str | None) -> None:
-    """Leave in `body` the breakpoints (and cache key) that this upstream takes."""
+                       mode: CacheMode, cache_key: str | None,
+                       fresh: list[dict[str, Any]] | None = None) -> None:
+    """Leave in `body` the breakpoints (and cache key) that this upstream takes. `fresh`:
+    the messages converted for this request, the system prompt first, when the others were
+    converted before (conversion/reuse.py: they hold no marker, or none is kept in this
+    mode, and their system messages were placed already): only these are looked at."""
+    messages = (body.get("messages") or []) if fresh is None else fresh
     if keeps_breakpoints(mode):
         if takes_tool_breakpoints(settings, mode):
             mark_tools(body, client_tools)
         keep_ttl = takes_ttl(settings, body["model"])
-        for holder in breakpoint_holders(body):
+        holders = list(_holders(body.get("tools"), messages))
+        for holder in holders:
             holder["cache_control"] = clean_marker(holder["cache_control"], keep_ttl)
         limit = 1 if mode == "last_breakpoint" else MAX_BREAKPOINTS
-        holders = list(breakpoint_holders(body))
         for holder in holders[:max(len(holders) - limit, 0)]:
             del holder["cache_control"]
     else:
-        strip_cache_control(body)
+        for holder in list(_holders(body.get("tools"), messages)):
+            del holder["cache_control"]
     if cache_key and mode != "off" and takes_cache_key(settings):
         body["prompt_cache_key"] = cache_key
     if mode != "off" and hoists_system_messages(settings, body["model"]):
-        system_messages_as_user(body)
+        _later_system_messages_as_user(messages)
 
 
 def clean_marker(marker: dict[str, Any], keep_ttl: bool) -> dict[str, Any]:
@@ -138,10 +144,14 @@ def mark_tools(body: dict[str, Any], client_tools: Any) -> None:
 def breakpoint_holders(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every object carrying `cache_control`, in prompt order: tools, then the messages'
     content parts (the system message is the first message)."""
-    for tool in body.get("tools") or []:
+    return _holders(body.get("tools"), body.get("messages") or [])
+
+
+def _holders(tools: Any, messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for tool in tools or []:
         if isinstance(tool.get("cache_control"), dict):
             yield tool
-    for message in body.get("messages") or []:
+    for message in messages:
         content = message.get("content")
         if isinstance(content, list):  # most converted turns are a string: nothing to look at
             for part in content:
@@ -178,7 +188,11 @@ def system_messages_as_user(body: dict[str, Any]) -> None:
     """Every `system` message after the first becomes a `user` message at the same place,
     its text wrapped in `<system-reminder>` (for templates that refuse a later system
     message). Never moved to the front: that would change every later prefix."""
-    for message in (body.get("messages") or [])[1:]:
+    _later_system_messages_as_user(body.get("messages") or [])
+
+
+def _later_system_messages_as_user(messages: list[dict[str, Any]]) -> None:
+    for message in messages[1:]:
         if message.get("role") == "system":
             message["role"] = "user"
             message["content"] = _as_reminder(message.get("content"))

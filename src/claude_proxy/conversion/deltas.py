@@ -38,12 +38,14 @@ class Text:
 @dataclass(frozen=True)
 class ToolCall:
     """A piece of one tool call: `key` tells calls apart (the parser assigns it); `id` and
-    `name` may come with any piece, `arguments` is the next fragment of the JSON."""
+    `name` may come with any piece, `arguments` is the next fragment of the JSON. `last`: the
+    call is complete (the upstream closed it, or the tool-call guard sends it whole)."""
 
     key: int
     id: str = ""
     name: str = ""
     arguments: str = ""
+    last: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from claude_proxy.config.settings import Dialect, ProviderSettings, Tier, matches_prefix
 from claude_proxy.conversion.caching import apply_prompt_cache, cache_mode, keeps_breakpoints
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.dialects import (
     attach_reasoning_details,
     for_provider,
@@ -33,13 +34,23 @@ from claude_proxy.conversion.reasoning import (
     dialect_parameters,
     effective_reasoning,
 )
+from claude_proxy.conversion.reuse import (
+    Context,
+    Converted,
+    Prefix,
+    Prewritten,
+    Slot,
+    first_holding,
+    first_marked,
+    reusable,
+)
 from claude_proxy.conversion.stop_sequences import STOP_REPORTING_PROFILES
 from claude_proxy.conversion.structured import (
     StructuredMode,
     apply_structured_output,
     requested_schema,
 )
-from claude_proxy.conversion.text_tool_calls import declared_tools
+from claude_proxy.conversion.text_tool_calls import TextCallPlan
 from claude_proxy.conversion.tool_groups import (
     disabled_groups,
     groups_with_extensions,
@@ -77,14 +88,17 @@ def map_model(requested: str, settings: ProviderSettings) -> str:
 
 def convert_messages(
     messages: list[dict[str, Any]], system: str | list[Part] | None = None,
-    keep_parts: bool = False,
+    keep_parts: bool = False, ends: list[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[tuple[int, AssistantTurn]]]:
     """The OpenAI messages (the system prompt first), and each assistant turn with its
     position in that list, so the reasoning layer can attach earlier thinking to it.
-    `keep_parts` keeps marked content as parts (an upstream that takes breakpoints)."""
+    `keep_parts` keeps marked content as parts (an upstream that takes breakpoints); `ends`
+    gets, per message, how many OpenAI messages (the system prompt's left out) it and the
+    ones before it made (each message is converted alone: conversion/reuse.py)."""
     converted: list[dict[str, Any]] = []
     if system is not None:
         converted.append({"role": "system", "content": system})
+    first = len(converted)
     assistant_turns: list[tuple[int, AssistantTurn]] = []
     for message in messages:
         role = message.get("role")
@@ -100,6 +114,8 @@ def convert_messages(
                 converted.append(system_message)
         else:
             converted.extend(convert_user_turn(content, keep_parts))
+        if ends is not None:
+            ends.append(len(converted) - first)
     return converted, assistant_turns
 
 
@@ -108,25 +124,36 @@ MEDIA_PLACEHOLDER = "[{kind} omitted: this model does not accept images or docum
 
 def without_media(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages with every image and document (tool results included) replaced by a
-    short text placeholder, for a provider configured with `vision = false`."""
+    short text placeholder, for a provider configured with `vision = false`. A message
+    without any stays the very object it was (conversion/reuse.py), and so does the list
+    when none has any."""
+    if not holds(messages, "image", "document"):
+        return messages
     replaced = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            message = {**message, "content": _media_as_text(content)}
+            texts = _media_as_text(content)
+            if texts is not content:
+                message = {**message, "content": texts}
         replaced.append(message)
     return replaced
 
 
 def _media_as_text(content: list[Any]) -> list[Any]:
+    """`content` with its media as placeholders (itself when it holds none)."""
     replaced = []
     for block in content:
         if isinstance(block, dict) and block.get("type") in ("image", "document"):
             block = {"type": "text", "text": MEDIA_PLACEHOLDER.format(kind=block["type"])}
         elif (isinstance(block, dict) and block.get("type") == "tool_result"
               and isinstance(block.get("content"), list)):
-            block = {**block, "content": _media_as_text(block["content"])}
+            inner = _media_as_text(block["content"])
+            if inner is not block["content"]:
+                block = {**block, "content": inner}
         replaced.append(block)
+    if all(new is old for new, old in zip(replaced, content, strict=True)):
+        return content
     return replaced
 
 
@@ -147,9 +174,9 @@ class UpstreamRequest:
     inline `<think>` text is removed from the answer when it is not."""
     think_tags: bool = False
     """Split `<think>` tags out of the content of this model's answer."""
-    text_tools: dict[str, Any] | None = None
-    """The declared tools (name → parameters schema) when this model's tool calls written
-    as text are to become tool calls (TEXT_TOOL_CALL_PREFIXES)."""
+    text_calls: TextCallPlan | None = None
+    """What to read as tool calls from this model's text (the `*_TOOL_CALL_PREFIXES`; set
+    for every API by upstream/api.py)."""
     buffered: bool = False
     """Fetched without streaming and replayed as a stream (BUFFER_STREAM_MODEL_PREFIXES)."""
     api: Literal["chat", "responses", "messages"] = "chat"
@@ -170,6 +197,7 @@ def convert_request(
     without_reasoning: bool = False,
     structured: StructuredMode = "json_schema",
     cache_key: str | None = None,
+    slot: Slot | None = None,
 ) -> UpstreamRequest:
     """The upstream request for a validated Anthropic request.
 
@@ -179,7 +207,9 @@ def convert_request(
     (it goes back as `reasoning_details`); `without_reasoning` leaves every reasoning field
     out (a model known to refuse them); `structured` is how a requested JSON schema is asked
     for (see `structured.py`); `cache_key` is the session's prompt-cache key
-    (`caching.session_cache_key`).
+    (`caching.session_cache_key`); `slot`: the conversation's last conversion, whose
+    converted messages this one reuses where its messages are the same (conversion/reuse.py:
+    the steps after the conversion then work on the new messages and the system prompt).
     """
     model = model or map_model(request["model"], settings)
     request = expand_tool_references(request)  # ToolSearch's results, as it promises them
@@ -187,7 +217,13 @@ def convert_request(
     keep_parts = keeps_breakpoints(mode)
     system = (system_parts if keep_parts else convert_system)(request.get("system"))
     source = request["messages"] if settings.vision else without_media(request["messages"])
-    messages, assistant_turns = convert_messages(source, system, keep_parts)
+    context = Context(settings, model, without_reasoning, system is not None)
+    prefix = reusable(slot, source, context)
+    shared = prefix.count if prefix is not None else 0
+    ends: list[int] = []
+    fresh, assistant_turns = convert_messages(source[shared:] if shared else source, system,
+                                              keep_parts, ends)
+    messages = fresh if prefix is None else [fresh[0], *prefix.messages, *fresh[1:]]
 
     body: dict[str, Any] = {
         "model": model,
@@ -204,27 +240,61 @@ def convert_request(
     if schema is not None:
         apply_structured_output(body, schema, structured)
     result = UpstreamRequest(body, buffered=buffered)
+    carried: tuple[str, ...] = ()
     if without_reasoning:
         result.thinking = effective_reasoning(request, settings, "tools" in body).level is not None
     else:
         result.extras, result.thinking = apply_reasoning_parameters(body, request, settings)
         passback = settings.passback
         if passback == "reasoning_details":
-            attach_reasoning_details(messages, assistant_turns, is_ours)
+            attach_reasoning_details(fresh, assistant_turns, is_ours)
         else:
-            attach_passback(messages, assistant_turns, passback, is_ours)
-        if passback != "none" and any(passback in message for message in messages):
+            attach_passback(fresh, assistant_turns, passback, is_ours)
+        if passback != "none" and ((prefix is not None and prefix.carries(passback))
+                                   or any(passback in message for message in fresh)):
             result.extras[passback] = "<history>"
-        if attach_opaque_details(messages, assistant_turns, opaque_for):
+        if attach_opaque_details(fresh, assistant_turns, opaque_for) or (
+                prefix is not None and prefix.carries("reasoning_details")):
             result.extras["reasoning_details"] = "<history>"
-    attach_tool_call_extras(messages, assistant_turns, opaque_for)
+        carried = tuple(name for name in (passback, "reasoning_details") if name != "none")
+    attach_tool_call_extras(fresh, assistant_turns, opaque_for)
     if settings.dialect == "gemini":
-        sign_gemini_history(messages)
+        sign_gemini_history(fresh)
     result.think_tags = matches_prefix(model, settings.think_tag_models)
-    if body.get("tools") and matches_prefix(model, settings.text_tool_call_models):
-        result.text_tools = declared_tools(body)
-    apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key)
+    kept = (_converted(context, source, ends, prefix, fresh, keep_parts, carried)
+            if slot is not None and system is not None else None)
+    apply_prompt_cache(body, request.get("tools"), settings, mode, cache_key, fresh)
+    if slot is not None and kept is not None:
+        result.body = Prewritten(body, kept, prefix, slot)
     return result
+
+
+def _converted(context: Context, source: list[Any], ends: list[int], prefix: Prefix | None,
+               fresh: list[dict[str, Any]], keep_parts: bool,
+               carried: tuple[str, ...]) -> Converted:
+    """This conversion as the next request may reuse it: `fresh` (the system prompt first)
+    converted from the messages after the prefix, each ending at `ends`. Taken before the
+    cache step, which may drop a marker that `marked` must see."""
+    shared = prefix.count if prefix is not None else 0
+    made = fresh[1:]
+    if prefix is None:
+        all_ends, messages = ends, made
+    else:
+        before = prefix.converted.ends[:shared]
+        all_ends = [*before, *(end + before[-1] for end in ends)]
+        messages = [*prefix.messages, *made]
+    carrying = {}
+    for name in carried:
+        if prefix is not None and prefix.carries(name):
+            carrying[name] = prefix.converted.carrying[name]
+            continue
+        found = first_holding(made, ends, name)
+        carrying[name] = len(source) if found is None else shared + found
+    marked = len(source)  # a prefix ends before the first marked message (`reusable`)
+    if keep_parts:
+        found = first_marked(made, ends)
+        marked = marked if found is None else shared + found
+    return Converted(context, source, all_ends, messages, carrying, marked)
 
 
 def apply_reasoning_parameters(

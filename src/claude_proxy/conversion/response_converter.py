@@ -9,6 +9,7 @@ through the same machine, and a non-streaming client gets the Message these even
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ import orjson
 
 from claude_proxy.conversion.blocks import BlockMachine, Event, Sign
 from claude_proxy.conversion.deltas import Delta
+from claude_proxy.conversion.tool_guard import HOLD_PING_SECONDS, ToolGuard
 from claude_proxy.errors import ProxyError
 
 __all__ = ["StreamConverter", "WireParser", "collect_message", "convert_chunks"]
@@ -45,31 +47,57 @@ class StreamConverter(BlockMachine):
         omit_thinking: bool = False,
         stop_sequences: Sequence[str] = (),
         window: int | None = None,
+        guard: ToolGuard | None = None,
     ) -> None:
         """`parser`: the upstream API's (its options, such as `<think>` splitting, are its
         own). `stop_sequences`: the client's, matched in the text. `omit_thinking`
         (`thinking.display: "omitted"`) sends thinking blocks without their text, which `sign`
         keeps in the signature. `input_tokens` and `window` (the model's, when known) also
-        size an overflow the upstream announces after the first byte."""
+        size an overflow the upstream announces after the first byte. `guard`: the tool-call
+        guard between the parser and the blocks (conversion/tool_guard.py), None when off."""
         super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
                          stop_sequences=stop_sequences, omit_thinking=omit_thinking)
         self.parser = parser
         self.input_tokens = input_tokens
         self.window = window
+        self.guard = guard
+        self._quiet_since: float | None = None
+        """When the client last got nothing for a chunk while a tool call was held."""
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        """Events for one upstream chunk. An `error` object in the stream raises ProxyError."""
-        return self.apply(self.parser.parse(chunk))
+        """Events for one upstream chunk. An `error` object in the stream raises ProxyError.
+        While the guard holds a call back, a `ping` event every HOLD_PING_SECONDS of output
+        silence keeps the client's idle watchdog quiet."""
+        guard = self.guard
+        deltas = self.parser.parse(chunk)
+        if guard is None or not guard.engaged(deltas):
+            self._quiet_since = None
+            return self.apply(deltas)
+        events = self.apply(guard.apply(deltas))
+        if events or not guard.holding():
+            self._quiet_since = None
+        elif self._quiet_since is None:
+            self._quiet_since = time.monotonic()
+        elif time.monotonic() - self._quiet_since >= HOLD_PING_SECONDS:
+            self._quiet_since = time.monotonic()
+            events.append({"type": "ping"})
+        return events
 
     def close(self) -> list[Event]:
         if self.closed:
             return []
-        events = self.apply(self.parser.flush())
+        events = self.apply(self._flushed())
         return events + super().close()
 
     def fail(self, error: ProxyError) -> list[Event]:
-        events = self.apply(self.parser.flush())
+        events = self.apply(self._flushed(failed=True))
         return events + super().fail(error)
+
+    def _flushed(self, *, failed: bool = False) -> list[Delta]:
+        deltas = self.parser.flush()
+        if self.guard is None or not self.guard.engaged(deltas):
+            return deltas
+        return self.guard.apply(deltas) + self.guard.flush(failed=failed)
 
 
 def convert_chunks(

@@ -61,7 +61,13 @@ class AccessLogMiddleware:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
-                MutableHeaders(scope=message).append("request-id", record.request_id)
+                headers = MutableHeaders(scope=message)
+                headers.append("request-id", record.request_id)
+                if self.charger is not None and "event-stream" not in headers.get(
+                        "content-type", ""):
+                    # A whole answer is charged before its head: the head then leaves with
+                    # the body in one write, not alone while the charge reaches the store.
+                    await self._settle(record)
             elif record.first_byte is None and message.get("body"):
                 record.first_byte = time.perf_counter()
                 if record.status >= 400:

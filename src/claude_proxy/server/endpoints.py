@@ -19,6 +19,7 @@ from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import Settings
 from claude_proxy.conversion.census import Remembered
 from claude_proxy.conversion.fields import screen_request
+from claude_proxy.conversion.reuse import Slot
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.auth import key_matches, presented_keys
 from claude_proxy.keys.budget import Gate
@@ -134,13 +135,14 @@ def parse_json(raw: bytes) -> Any:
 
 
 def validated_body(raw: bytes, bodies: Memo, identity: Identity,
-                   session: str | None) -> dict[str, Any]:
-    """The request parsed and validated. In a session, what its previous body shares with
-    this one is neither parsed nor checked again (incremental.py), and this body is
-    remembered for the next (the memo is per caller and session: a session id chosen by
-    one key is not another's)."""
+                   session: str | None) -> tuple[dict[str, Any], Slot | None]:
+    """The request parsed and validated, and its conversation's last conversion (None
+    when it is not remembered). In a session, what its previous body shares with this one
+    is neither parsed nor checked again (incremental.py), nor converted again
+    (conversion/reuse.py), and this body is remembered for the next (the memo is per caller
+    and session: a session id chosen by one key is not another's)."""
     if not session:
-        return validate_request(MessagesRequest, parse_json(raw))
+        return validate_request(MessagesRequest, parse_json(raw)), None
     current_record().client_json = raw
     key = f"{identity.name}\n{session}"
     kept: incremental.SessionBodies = bodies.get(key) or incremental.SessionBodies()
@@ -149,12 +151,12 @@ def validated_body(raw: bytes, bodies: Memo, identity: Identity,
     except orjson.JSONDecodeError as exc:
         raise _not_json(exc) from None
     if parsed is None:
-        return validate_request(MessagesRequest, body)
+        return validate_request(MessagesRequest, body), None
     bodies.put(key, kept, kept.weight)
     body["messages"] = Remembered(parsed.messages, parsed.known)
     valid = validate_request(MessagesRequest, body)
     parsed.running, parsed.known = valid["messages"].running, []
-    return valid
+    return valid, parsed.turns
 
 
 def _not_json(exc: orjson.JSONDecodeError) -> ProxyError:
@@ -174,7 +176,7 @@ async def messages(request: Request) -> Response:
     wired = wiring(request)
     raw = await read_body(request, wired.settings.max_request_bytes)
     session = request.headers.get(SESSION_HEADER)
-    body = validated_body(raw, wired.bodies, identity, session)
+    body, turns = validated_body(raw, wired.bodies, identity, session)
     record = current_record()
     record.betas = request.headers.get("anthropic-beta")
     screen_request(body, record.betas)
@@ -187,7 +189,7 @@ async def messages(request: Request) -> Response:
         return await tool_search_response(request, body, deadline)
     if body.get("stream"):
         converter, stream = await before_first_byte(
-            request, service.open_stream(body, session, raw), deadline)
+            request, service.open_stream(body, session, raw, turns), deadline)
         # Once the first events are on their way: freeing a long conversation's objects
         # (130 µs at 800 KB in a loop) is not for the first text to wait for.
         asyncio.get_running_loop().call_soon(record.release_parsed)
@@ -197,8 +199,8 @@ async def messages(request: Request) -> Response:
             service.remember_session(session, record)
 
         return EventStream(relay_events(converter, stream, deadline, wired.metrics), finish)
-    return json_response(await before_first_byte(request, service.create(body, session, raw),
-                                                 deadline))
+    return json_response(await before_first_byte(
+        request, service.create(body, session, raw, turns), deadline))
 
 
 async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:

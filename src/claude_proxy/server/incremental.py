@@ -32,6 +32,8 @@ from typing import Any
 
 import orjson
 
+from claude_proxy.conversion.reuse import Slot
+
 REUSE_FROM = 32 * 1024
 """Bodies shorter than this are parsed whole and not remembered (orjson parses 32 KB in
 about 20 µs). Low enough that a Claude Code session's first request (50 KB) is
@@ -41,11 +43,12 @@ REMEMBER_FOR = 900.0
 """Seconds a session's body is remembered after its last request (turns come seconds
 apart; a session back after a long pause is parsed whole once)."""
 
-HELD_PER_BYTE = 2.5
-"""What a remembered body holds per byte of its JSON: the bytes, and the parsed messages
-(1.2 to 1.8 bytes of objects per byte, measured with tracemalloc at 800 and 70 KB, on
-Claude Code's conversations; a body of many tiny values holds more per byte, which this
-weight does not see)."""
+HELD_PER_BYTE = 4.0
+"""What a remembered body holds per byte of its JSON: the bytes, the parsed messages (1.2 to
+1.8 bytes of objects per byte, measured with tracemalloc at 800 and 70 KB, on Claude Code's
+conversations), and their last conversion with the upstream body written from it
+(conversion/reuse.py: 1.25 to 1.5 bytes per byte, measured the same way); a body of many
+tiny values holds more per byte, which this weight does not see."""
 
 _OPEN = b'"messages":['
 _SENTINEL = "\x00"
@@ -75,6 +78,9 @@ class ParsedBody:
     """The keys after the conversation (system prompt, tools, settings) as parsed, when every
     message's end is known: then their bytes are those from the last end on (the `]` that
     closes the messages, `raw[ends[-1]:]`)."""
+    turns: Slot = field(default_factory=Slot)
+    """The conversation's last conversion (conversion/reuse.py): a body that goes on from
+    this one shares it."""
 
     @property
     def weight(self) -> int:
@@ -141,7 +147,8 @@ def parse(raw: bytes, previous: ParsedBody | None,
     ends = _ends(raw, messages, shared, end, previous.ends[:shared])
     return body, ParsedBody(raw, previous.start, messages, ends, shared,
                             (previous.running or [])[:shared],
-                            rest=rest if _all_found(raw, messages, ends) else None)
+                            rest=rest if _all_found(raw, messages, ends) else None,
+                            turns=previous.turns)
 
 
 def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:

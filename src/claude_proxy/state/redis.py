@@ -247,8 +247,8 @@ class RedisStore(StateStore):
         """Redis's value after this process's queued writes, plus what it still owes (the
         local copy while Redis is away, failing open)."""
         async with self._flushing:
-            sent = self._up and await self._flush_queued()
-            value = await self._call(lambda: self._client.get(self.prefix + key)) if sent else None
+            sent, value = (await self._flush_queued(self.prefix + key) if self._up
+                           else (False, None))
         if not (sent and self._up):
             return self.local.total(key)
         total = float(value or 0) + self._owed_for(key)
@@ -405,7 +405,10 @@ class RedisStore(StateStore):
         async with self._flushing:
             await self._flush_queued()
 
-    async def _flush_queued(self) -> bool:
+    async def _flush_queued(self, read: str | None = None) -> tuple[bool, Any]:
+        """Sends the queued writes; with `read`, that key's value too, read after them in the
+        same round trip (a budget check: one round trip, not two). Whether Redis took them,
+        and the value read."""
         if self._owed:
             self._batches[uuid.uuid4().hex] = self._owed
             self._owed = {}
@@ -413,16 +416,21 @@ class RedisStore(StateStore):
         batches = list(self._batches.items())
         writes = list(self._unconfirmed.items())
         if not (batches or writes):
-            return True
+            if read is None:
+                return True, None
+            value = await self._call(lambda: self._client.get(read))
+            return self._up, value
         while len(writes) > FLUSHES_PER_CALL:  # a backlog: oldest first, a call at a time
-            if not await self._send(batches, writes[:FLUSHES_PER_CALL]):
-                return False
+            if not (await self._send(batches, writes[:FLUSHES_PER_CALL]))[0]:
+                return False, None
             batches, writes = [], writes[FLUSHES_PER_CALL:]
-        return await self._send(batches, writes)
+        return await self._send(batches, writes, read)
 
     async def _send(self, batches: list[tuple[str, dict[str, tuple[float, float | None]]]],
-                    writes: list[tuple[str, tuple[bytes, list[bytes], list[str]]]]) -> bool:
-        """One pipeline: counter batches and flushes, each applied once (by its id)."""
+                    writes: list[tuple[str, tuple[bytes, list[bytes], list[str]]]],
+                    read: str | None = None) -> tuple[bool, Any]:
+        """One pipeline: counter batches and flushes, each applied once (by its id), and the
+        value of `read` after them."""
         pipe = self._client.pipeline(transaction=False)
         for batch, counters in batches:
             keys = [f"{self.prefix}batch:{batch}", *(self.prefix + key for key in counters)]
@@ -433,13 +441,16 @@ class RedisStore(StateStore):
         for flush, (ops, values, _) in writes:
             pipe.evalsha(self._write_all.sha, 1, f"{self.prefix}batch:{flush}",
                          BATCH_MEMORY_MS, ops, *values)
-        if await self._call(pipe.execute) is None:
-            return False
+        if read is not None:
+            pipe.get(read)
+        answers = await self._call(pipe.execute)
+        if answers is None:
+            return False, None
         for batch, _ in batches:
             self._batches.pop(batch, None)
         for flush, _ in writes:
             self._confirmed(flush)
-        return True
+        return True, answers[-1] if read is not None else None
 
     def _take_writes(self) -> None:
         """The queued records, log entries and minute counters as one flush under a new id

@@ -245,6 +245,9 @@ class RequestSpans:
             span.set_attribute("gen_ai.response.finish_reasons", [stop])
         if record.cost is not None:
             span.set_attribute("claude_proxy.cost_usd", record.cost)
+        for call in record.tool_calls:
+            if call["outcome"] != "valid":
+                span.add_event(f"gen_ai.tool_call.{call['outcome']}", _tool_call(call))
         if self._telemetry.content:
             facts = self._telemetry.facts
             span.set_attributes(conversation(record, facts.answer_of(record), facts.secrets))
@@ -275,6 +278,19 @@ def _request_settings(body: dict[str, Any] | None) -> dict[str, AttributeValue]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             found[name] = value
     return found
+
+
+def _tool_call(call: dict[str, Any]) -> dict[str, AttributeValue]:
+    """What the tool-call guard did with one call that was not valid (the arguments, which
+    may hold the conversation's content, stay out)."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.tool.name": call["tool"], "claude_proxy.tool_call.outcome": call["outcome"],
+        "claude_proxy.tool_call.kinds": list(call["kinds"])}
+    if call.get("name"):
+        attributes["claude_proxy.tool_call.resolved_name"] = call["name"]
+    if call.get("error"):
+        attributes["claude_proxy.tool_call.error"] = str(call["error"])[:500]
+    return attributes
 
 
 def _conversation(record: RequestRecord) -> dict[str, AttributeValue]:

@@ -207,4 +207,13 @@ def inspector_view(record: RequestRecord) -> dict[str, Any]:
                      if upstream is not None else None),
         "answer": answer_view(message_of(record)),
         "error": error_of(record),
+        "tool_guard": [guard_view(call) for call in record.tool_calls
+                       if call["outcome"] != "valid"],
     }
+
+
+def guard_view(call: dict[str, Any]) -> dict[str, Any]:
+    """What the tool-call guard did with one call: its arguments as the upstream sent them
+    (kept for this view) and what went out instead, cut."""
+    return {**call, "original": cut(call.get("original") or ""),
+            "sent": [cut(text) for text in call.get("sent") or []]}

@@ -177,7 +177,16 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "error": error.get("type") if error else None,
         "retries": sum(1 for _, event, _ in record.timeline if event == "retry"),
         "timeline": timeline_of(record, finished),
+        "tool_calls": tool_outcomes(record),
     }
+
+
+def tool_outcomes(record: RequestRecord) -> dict[str, int]:
+    """The answer's tool calls by what the guard found of them (docs/tool-calls.md)."""
+    counts: dict[str, int] = {}
+    for call in record.tool_calls:
+        counts[call["outcome"]] = counts.get(call["outcome"], 0) + 1
+    return counts
 
 
 class Subscription:
@@ -303,9 +312,11 @@ class Recorder:
 
     def live(self) -> dict[str, Any]:
         """What changes by itself every second: in flight, providers, charts."""
+        now = time.time()
         return {"now": self.now(), "providers": self.providers(),
                 "keys": self.keys() if self.keys is not None else [],
-                "series": self.series.snapshot(time.time()), "server_time": time.time()}
+                "series": self.series.snapshot(now), "tools": self.series.tool_stats(now),
+                "server_time": now}
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a dashboard shows, for a page that has just connected."""
@@ -353,7 +364,8 @@ class Recorder:
         series = await self.fleet.series(now)
         live = {"now": self.now(), "now_process": self.fleet.process,
                 "providers": self.providers(series.provider_stats(now)),
-                "series": series.snapshot(now), "server_time": now}
+                "series": series.snapshot(now), "tools": series.tool_stats(now),
+                "server_time": now}
         self.fleet.heartbeat(now)
         return live
 

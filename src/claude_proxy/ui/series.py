@@ -48,6 +48,8 @@ class Minute:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
     errors: dict[str, int] = field(default_factory=dict)
     providers: dict[str, ProviderMinute] = field(default_factory=dict)
+    tools: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per upstream model: its tool calls by what the guard found (valid, repaired, ...)."""
 
     def absorb(self, fields: dict[str, float]) -> Minute:
         """Adds named counters (`minute_fields`) to this minute."""
@@ -63,6 +65,10 @@ class Minute:
             elif kind == "provider":
                 provider, _, what = rest.partition("|")
                 self.providers.setdefault(provider, ProviderMinute()).absorb(what, count)
+            elif kind == "tools":
+                model, _, outcome = rest.rpartition("|")
+                outcomes = self.tools.setdefault(model, {})
+                outcomes[outcome] = outcomes.get(outcome, 0) + count
         return self
 
 
@@ -83,6 +89,8 @@ def minute_fields(row: dict[str, Any]) -> dict[str, float]:
     fields[provider + "succeeded"] = int(not provider_failed(row["status"]))
     if row["ttfb"] is not None:
         fields[f"{provider}ttfb:{bisect.bisect_left(TTFB_BOUNDS_MS, row['ttfb'])}"] = 1
+    for outcome, count in (row.get("tool_calls") or {}).items():
+        fields[f"tools|{row['model']}|{outcome}"] = count
     return fields
 
 
@@ -166,6 +174,24 @@ class MinuteSeries:
             "tokens": {k: line(lambda b, k=k: b.tokens.get(k, 0)) for k in TOKEN_KINDS},
             "errors": {e: line(lambda b, e=e: b.errors.get(e, 0)) for e in errors},
         }
+
+    def tool_stats(self, now: float) -> list[dict[str, Any]]:
+        """Per upstream model over the whole series: its tool calls, and the shares the guard
+        repaired and passed on invalid (docs/tool-calls.md), most calls first."""
+        totals: dict[str, dict[str, int]] = {}
+        for bucket in self.window(now, self.minutes):
+            for model, outcomes in bucket.tools.items():
+                summed = totals.setdefault(model, {})
+                for outcome, count in outcomes.items():
+                    summed[outcome] = summed.get(outcome, 0) + count
+        stats = []
+        for model, outcomes in totals.items():
+            calls = sum(outcomes.values())
+            repaired = outcomes.get("repaired", 0) + outcomes.get("repairable", 0)
+            stats.append({"model": model, "calls": calls, "outcomes": outcomes,
+                          "repaired": repaired / calls if calls else 0.0,
+                          "invalid": outcomes.get("invalid", 0) / calls if calls else 0.0})
+        return sorted(stats, key=lambda stat: (-stat["calls"], stat["model"]))
 
     def provider_stats(self, now: float, minutes: int = 15) -> dict[str, dict[str, Any]]:
         """Per provider over the last minutes: requests, success rate, first-byte p50/p95."""

@@ -21,11 +21,19 @@ from claude_proxy.config.settings import ProviderSettings
 from claude_proxy.conversion.reasoning import OpaqueFor
 from claude_proxy.conversion.request_converter import UpstreamRequest, convert_request
 from claude_proxy.conversion.response_converter import WireParser
+from claude_proxy.conversion.reuse import Slot
 from claude_proxy.conversion.structured import apply_responses_structured_output
+from claude_proxy.conversion.text_tool_calls import (
+    TextCallPlan,
+    declared_tools,
+    reading_text_calls,
+)
+from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.errors import ProxyError
 from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.capabilities import (
     REASONING,
+    REWRITING,
     SUMMARY,
     Refusals,
     drop_refused,
@@ -53,6 +61,9 @@ class Build:
     cache_key: str | None = None
     betas: str | None = None
     """The client's `anthropic-beta` header (a Messages upstream gets what it takes of it)."""
+    turns: Slot | None = None
+    """The conversation's last conversion, for this one to reuse what it shares with it
+    (a session's next turn, conversion/reuse.py; /chat/completions only)."""
 
 
 class UpstreamAPI(Protocol):
@@ -108,6 +119,21 @@ async def no_count(client: OpenAIClient, request: dict[str, Any], settings: Prov
     return None
 
 
+def with_text_calls(upstream: UpstreamRequest, settings: ProviderSettings) -> UpstreamRequest:
+    """The request, told what to read as tool calls from its answer's text: the markup
+    families on for its model (`*_TOOL_CALL_PREFIXES`), when it offers tools. With the
+    tool-call guard repairing (TOOL_GUARD=repair), a call read from text passes the guard's
+    own check (the tool's schema, and the repair ladder); otherwise `declared_check`'s."""
+    model = str(upstream.body.get("model") or "")
+    formats = settings.tool_call_markup(model)
+    tools = declared_tools(upstream.body) if formats else {}
+    if tools:
+        check = OfferedTools(tools).accept if settings.guard_mode == "repair" else None
+        upstream.text_calls = TextCallPlan(
+            tools, formats, in_reasoning=settings.reads_reasoning_tool_calls(model), check=check)
+    return upstream
+
+
 def _refused_common(error: ProxyError, upstream: UpstreamRequest) -> list[str] | None:
     """The optional fields every OpenAI-format API may refuse; None when the error is no
     400 at all (nothing to learn)."""
@@ -130,18 +156,21 @@ class ChatCompletions:
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
         refusals, model = build.refusals, build.model
+        rewrites = build.turns is not None and any(refusals.refuses(model, name)
+                                                   for name in REWRITING)
         upstream = convert_request(request, settings, model=model, is_ours=build.is_ours,
                                    opaque_for=build.opaque_for,
                                    without_reasoning=refusals.refuses(model, REASONING),
                                    structured=structured_mode(refusals, model),
-                                   cache_key=build.cache_key)
+                                   cache_key=build.cache_key,
+                                   slot=None if rewrites else build.turns)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
-        return upstream
+        return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return chat_completions.ChatCompletionsParser(
+        return reading_text_calls(chat_completions.ChatCompletionsParser(
             think_tags=upstream.think_tags, leading_think_tags=True,
-            show_inline_thinking=upstream.thinking, text_tools=upstream.text_tools)
+            show_inline_thinking=upstream.thinking), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:
@@ -190,10 +219,10 @@ class Responses:
             without_summary=refusals.refuses(model, SUMMARY), cache_key=build.cache_key)
         apply_responses_structured_output(upstream.body, request)
         drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
-        return upstream
+        return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return responses.ResponsesParser()
+        return reading_text_calls(responses.ResponsesParser(), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:
@@ -228,13 +257,13 @@ class Messages:
 
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
-        return messages.convert_request(
+        return with_text_calls(messages.convert_request(
             request, settings, model=build.model,
             refuses=lambda name: build.refusals.refuses(build.model, name),
-            opaque_for=build.opaque_for, betas=build.betas)
+            opaque_for=build.opaque_for, betas=build.betas), settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
-        return messages.MessagesParser()
+        return reading_text_calls(messages.MessagesParser(), upstream.text_calls)
 
     async def send_stream(self, client: OpenAIClient,
                           upstream: UpstreamRequest) -> UpstreamStream:

@@ -96,6 +96,9 @@ REFUSABLE: tuple[Refusable, ...] = (
     Refusable("alternation", has_broken_alternation, names_alternation, fold_to_alternation),
 )
 OPTIONAL_FIELDS = tuple(refusable.name for refusable in REFUSABLE)
+REWRITING = ("cache_control", "system_in_place", "tool_turns", "alternation")
+"""The refusals whose drop rewrites the conversation's messages (in place, or as a whole):
+a model that refused one is converted whole on every request (conversion/reuse.py)."""
 
 
 def names_added_field(message: str, extras: dict[str, Any]) -> bool:

@@ -14,7 +14,6 @@ only announce a response, where an error hides, how a whole JSON answer becomes 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import itertools
 import logging
 from collections.abc import (
@@ -30,12 +29,8 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-# httpx-sse's spec-compliant decoders, used directly so that parsing can follow network reads.
-# A private module of httpx-sse (its line and event decoders, without its response wrapper):
-# pyproject.toml bounds httpx-sse below the next minor release for that reason.
-from httpx_sse._decoders import SSEDecoder, SSELineDecoder
-
 from claude_proxy.config.settings import ProviderSettings
+from claude_proxy.conversion.reuse import Prewritten
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.record import current_record, current_trace, mark
@@ -43,6 +38,7 @@ from claude_proxy.upstream import chat_completions, messages, responses
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream, recognise
 from claude_proxy.upstream.overflow import from_payload, from_upstream
 from claude_proxy.upstream.retry import RetryPolicy
+from claude_proxy.upstream.sse_data import DataReader
 from claude_proxy.upstream.transport import AiohttpTransport, OneShotBody, UpstreamHttpClient
 from claude_proxy.upstream.wire import CHAT_WIRE, Wire
 
@@ -74,7 +70,10 @@ def encoded(body: dict[str, Any]) -> bytes:
     bytes held 4 KiB each. Copying a short body costs 0.2 µs at 100 bytes and 1.5 µs at 50
     KB (in a loop), where orjson's buffer is 2.6 to 40 times its length; a long one is
     kept as orjson made it (at most twice its length), where the copy would cost 20 µs at
-    800 KB in a loop, more in the server."""
+    800 KB in a loop, more in the server. A session's next turn is written where it changed
+    only (conversion/reuse.py), already at its length."""
+    if type(body) is Prewritten:
+        return body.written()
     content = orjson.dumps(body)
     return bytes(memoryview(content)) if len(content) < EXACT_BELOW else content
 
@@ -137,17 +136,17 @@ class UpstreamStream:
     async def _read_sse(self) -> AsyncGenerator[list[Chunk], None]:
         """The `data:` payloads of each network read, parsed, until `[DONE]`.
 
-        httpx-sse's own decoders do the SSE parsing (comments, `data:` without a space,
-        CRLF); they are fed one decoded read at a time so that a read's chunks stay together.
-        A malformed JSON payload is skipped and logged.
+        The SSE framing is read from the bytes (upstream/sse_data.py), one network read at a
+        time so that a read's chunks stay together, and each payload is parsed from its
+        bytes. A malformed JSON payload is skipped and logged.
 
         After `[DONE]` the body is still read to its end (the chunked-encoding terminator that
         follows it), without waiting for it: a response closed before its end takes its
         connection with it, and the next request would pay for a new one.
         """
         assert self._response is not None
-        lines, events = SSELineDecoder(), SSEDecoder()
-        reads, text = _body_reads(self._response)
+        reader = DataReader()
+        reads = _body_reads(self._response)
         done = False
         eager = EAGER_CHUNKS
         ends = self._wire.ends
@@ -157,14 +156,13 @@ class UpstreamStream:
                     continue
                 batch: list[Chunk] = []
                 handed = False  # part of this read went out already (eagerly)
-                for line in lines.decode(text.decode(data)):
-                    event = events.decode(line)
-                    if event is None or not event.data:
+                for payload in reader.feed(data):
+                    if not payload:
                         continue
-                    if event.data.strip() == "[DONE]":
+                    if payload.strip() == b"[DONE]":
                         self.complete = done = True
                         break
-                    chunk = _parse_chunk(event.data)
+                    chunk = _parse_chunk(payload)
                     if chunk is None:
                         continue
                     batch.append(chunk)
@@ -175,7 +173,7 @@ class UpstreamStream:
                         eager -= 1  # out before the rest of the read is parsed
                         yield batch
                         batch, handed = [], True
-                chunk = event = None  # nothing of this read is kept while the next is awaited
+                chunk, payload = None, b""  # nothing of this read is kept while the next is awaited
                 if batch or done or not handed:
                     yield batch  # possibly empty (a comment): the relay still sees time pass
         except httpx.HTTPError as exc:
@@ -496,24 +494,26 @@ async def _buffered_batches(response: httpx.Response,
     yield list(wire.buffered(_parse_json_body(content)))
 
 
-def _body_reads(response: httpx.Response) -> tuple[AsyncIterable[bytes],
-                                                   codecs.IncrementalDecoder]:
-    """The body one network read at a time, and the decoder of its text: what `aiter_text`
-    gives, without its layers when there is nothing to decompress (httpx's three generators,
-    chunkers and buffers between the transport and the text cost ~4 KiB per open stream).
-    A truncated character left at the end needs no flush: its line has no end either."""
-    text = codecs.getincrementaldecoder(response.encoding or "utf-8")(errors="replace")
+def _body_reads(response: httpx.Response) -> AsyncIterable[bytes]:
+    """The body one network read at a time: what `aiter_bytes` gives, without its layers
+    when there is nothing to decompress (httpx's generators, chunkers and buffers between the
+    transport and the bytes cost ~4 KiB per open stream)."""
     stream = response.stream
     if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
-        return response.aiter_bytes(), text
+        return response.aiter_bytes()
     response.is_stream_consumed = True
-    return stream, text
+    return stream
 
 
-def _parse_chunk(data: str) -> Chunk | None:
+def _parse_chunk(data: bytes) -> Chunk | None:
+    """An event's JSON object. Bytes that are not UTF-8 are read with U+FFFD in their place
+    (as the text decoder before the bytes reader did), rather than dropping the chunk."""
     try:
         chunk = orjson.loads(data)
     except orjson.JSONDecodeError:
-        logger.warning("skipping a malformed upstream chunk (%d bytes)", len(data))
-        return None
+        try:
+            chunk = orjson.loads(data.decode("utf-8", errors="replace"))
+        except orjson.JSONDecodeError:
+            logger.warning("skipping a malformed upstream chunk (%d bytes)", len(data))
+            return None
     return chunk if isinstance(chunk, dict) else None

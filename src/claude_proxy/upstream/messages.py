@@ -540,6 +540,8 @@ class MessagesParser:
     model: str | None = None
     _unsigned: int | None = None
     """The index of a thinking block that has had no signature yet."""
+    _tool_blocks: set[int] = field(default_factory=set)
+    """The indices of the tool_use blocks not yet stopped."""
 
     def parse(self, event: Event) -> list[Delta]:
         kind = event.get("type")
@@ -581,6 +583,7 @@ class MessagesParser:
         if kind == "redacted_thinking":
             return [OpaqueReasoning({"type": REDACTED, "data": block.get("data", "")})]
         if kind == "tool_use":
+            self._tool_blocks.add(index)
             return [ToolCall(index, id=block.get("id") or "", name=block.get("name") or "")]
         return []
 
@@ -600,9 +603,14 @@ class MessagesParser:
         return []
 
     def _stop(self, event: Event) -> list[Delta]:
-        """A thinking block that ended unsigned (DeepSeek's streams, QuantumNous/new-api
-        #4762) is still this endpoint's own: it goes back to it with `signature: ""`."""
-        if self._unsigned is None or event.get("index", 0) != self._unsigned:
+        """A tool call's block stopped: the call is complete. A thinking block that ended
+        unsigned (DeepSeek's streams, QuantumNous/new-api#4762) is still this endpoint's own:
+        it goes back to it with `signature: ""`."""
+        index = event.get("index", 0)
+        if index in self._tool_blocks:
+            self._tool_blocks.discard(index)
+            return [ToolCall(index, last=True)]
+        if self._unsigned is None or index != self._unsigned:
             return []
         self._unsigned = None
         return [OpaqueReasoning({"type": SIGNATURE, "signature": ""})]

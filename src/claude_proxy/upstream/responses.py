@@ -371,12 +371,14 @@ class ResponsesParser:
             return [OpaqueReasoning({"type": "reasoning", "id": item.get("id"),
                                      "encrypted_content": item["encrypted_content"]})]
         item_id = str(item.get("id"))
-        if kind == "function_call" and item_id not in self._with_arguments:
-            arguments = item.get("arguments")
-            key = self._keys.setdefault(item_id, len(self._keys))
-            if isinstance(arguments, str) and arguments:
-                return [ToolCall(key, arguments=arguments)]
-        return []
+        if kind != "function_call":
+            return []
+        key = self._keys.setdefault(item_id, len(self._keys))
+        arguments = item.get("arguments")
+        if item_id in self._with_arguments or not isinstance(arguments, str):
+            arguments = ""
+        self._with_arguments.add(item_id)
+        return [ToolCall(key, arguments=arguments, last=True)]
 
     def _summary_part(self, event: Event) -> list[Delta]:
         separator = [ReasoningText(SUMMARY_SEPARATOR)] if self._in_reasoning else []
@@ -391,6 +393,16 @@ class ResponsesParser:
     def _text_delta(self, event: Event) -> list[Delta]:
         delta = event.get("delta")
         return [Text(delta)] if isinstance(delta, str) and delta else []
+
+    def _arguments_done(self, event: Event) -> list[Delta]:
+        """The whole arguments, which some servers send only here (LM Studio: no `.delta`
+        before, BerriAI/litellm#25321): taken when no delta came."""
+        item_id = str(event.get("item_id"))
+        arguments = event.get("arguments")
+        if item_id in self._with_arguments or not isinstance(arguments, str) or not arguments:
+            return []
+        self._with_arguments.add(item_id)
+        return [ToolCall(self._keys.setdefault(item_id, len(self._keys)), arguments=arguments)]
 
     def _arguments_delta(self, event: Event) -> list[Delta]:
         delta = event.get("delta")
@@ -420,6 +432,7 @@ class ResponsesParser:
         "response.output_text.delta": _text_delta,
         "response.refusal.delta": _text_delta,
         "response.function_call_arguments.delta": _arguments_delta,
+        "response.function_call_arguments.done": _arguments_done,
         "response.completed": _finished,
         "response.incomplete": _finished,
     }

@@ -254,6 +254,37 @@ function renderProviders() {
   }));
 }
 
+function renderTools() {
+  const stats = (state.live && state.live.tools) || [];
+  document.getElementById("tools-panel").hidden = stats.length === 0;
+  const share = (fraction) => `${(fraction * 100).toFixed(fraction === 0 || fraction === 1 ? 0 : 1)}%`;
+  document.querySelector("#tools tbody").replaceChildren(...stats.map((t) => {
+    const others = Object.entries(t.outcomes).filter(([o]) => !["valid", "repaired", "repairable", "invalid"].includes(o))
+      .map(([o, n]) => `${o} ${int(n)}`).join(" · ");
+    return el("tr", { "data-model": t.model },
+      el("td", { class: "name", title: t.model, text: t.model }),
+      el("td", { class: "num", text: int(t.calls) }),
+      el("td", { class: "num repaired", text: share(t.repaired) }),
+      el("td", { class: "num invalid", text: share(t.invalid) }),
+      el("td", {}, el("span", { class: "share-bar", title: others || "every call checked" },
+        ...[["ok", 1 - t.repaired - t.invalid], ["repaired", t.repaired], ["invalid", t.invalid]]
+          .map(([kind, fraction]) => {
+            const part = el("span", { class: kind });
+            part.style.width = `${(fraction * 100).toFixed(1)}%`;  // CSSOM: the CSP allows it
+            return part;
+          }))));
+  }));
+}
+
+function guardView(calls) {
+  return calls.map((call) => el("div", { class: "tool-call guard" },
+    el("span", { class: "tag " + call.outcome, text: `${call.tool}${call.name ? " → " + call.name : ""} · ${call.outcome}` }),
+    call.kinds.length ? el("span", { class: "muted", text: " " + call.kinds.join(", ") }) : null,
+    call.detail || call.error ? el("div", { class: "err", text: call.detail || call.error }) : null,
+    el("div", { class: "muted", text: "as the upstream sent it:" }), el("pre", { text: call.original }),
+    ...call.sent.map((text) => el("pre", { class: "sent", text }))));
+}
+
 function dollars(value) {
   if (value === null || value === undefined) return "–";
   return "$" + value.toFixed(value >= 1 || value === 0 ? 2 : 4);
@@ -489,6 +520,7 @@ function renderInspector(id, view) {
       parts.push(section("Tool calls", ...answer.tool_calls.map((call) => el("div", { class: "tool-call" },
         el("span", { class: "tag", text: `${call.name} · ${call.id}` }), el("pre", { text: pretty(call.input) })))));
     }
+    if (view.tool_guard && view.tool_guard.length) parts.push(section("Tool-call guard (calls that were not valid as sent)", ...guardView(view.tool_guard)));
     if (answer.usage) parts.push(section("Usage", el("pre", { class: "usage", text: pretty(answer.usage) })));
     if (view.upstream) parts.push(section("Upstream request (as sent; highlighted: what the proxy added or changed)", ...upstreamView(view.upstream)));
     if (view.client) parts.push(section("Client request (as received)", ...clientView(view.client)));
@@ -540,6 +572,7 @@ function onHello(data) {
   renderNow();
   renderProviders();
   renderKeys();
+  renderTools();
   renderCharts();
   document.body.dataset.ready = "true";
 }
@@ -549,6 +582,7 @@ function onLive(data) {
   renderNow();
   renderProviders();
   renderKeys();
+  renderTools();
   renderCharts();
 }
 
