@@ -21,6 +21,8 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +360,17 @@ class LogLines(logging.Handler):
                     break
             lines, self.lines = self.lines, []
         return lines
+
+
+@contextmanager
+def captured_log() -> Iterator[LogLines]:
+    """The server's log lines, from now to the end of the block."""
+    handler = LogLines()
+    logging.getLogger().addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 def check_log(lines: list[str], request_id: str) -> None:

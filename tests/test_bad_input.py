@@ -8,7 +8,6 @@ A bounded number of examples here; `make fuzz` runs the same properties for FUZZ
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections import Counter
@@ -21,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ProxyServer
-from tests.hostile import LogLines, check_answer, check_log, json_values, requests
+from tests.hostile import (
+    LogLines,
+    captured_log,
+    check_answer,
+    check_log,
+    json_values,
+    requests,
+)
 from tests.scripted_upstream import ScriptedUpstream
 
 EXAMPLES = 1500
@@ -55,10 +61,8 @@ def client() -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def log_lines() -> Iterator[LogLines]:
-    handler = LogLines()
-    logging.getLogger().addHandler(handler)
-    yield handler
-    logging.getLogger().removeHandler(handler)
+    with captured_log() as lines:
+        yield lines
 
 
 def run(check: Callable[..., None], strategy: st.SearchStrategy[Any]) -> None:

@@ -9,10 +9,12 @@ block's text, or drops it). A known block type where the API takes none (a `tool
 inside a tool result) is refused, as Anthropic refuses it: nested content is of the kinds
 listed for it. Numbers are JSON's: an integer field takes no float or boolean.
 
-`Shape.problem` gives None for a value that fits, and otherwise the message and the steps
-to the field, innermost first (each level adds its own step on the way out: a value that
-fits builds nothing). The messages' blocks are checked in the census's walk
-(conversion/census.py), the other members by the request's model (server/requests.py).
+`Shape.inside` gives None for a container whose contents fit, and otherwise the message and
+the steps to the field, innermost first (each level adds its own step on the way out: a
+value that fits builds nothing). The messages' blocks are checked in the census's walk
+(conversion/census.py, with `BLOCK_FIELDS`: the walk's own loop, no call for a block whose
+fields fit by their type alone), the request's other members by `REQUEST`
+(server/requests.py).
 """
 
 from __future__ import annotations
@@ -48,15 +50,6 @@ class Shape:
 
     accepts: dict[type, Shape | None]
     what: str
-
-    def problem(self, value: Any) -> Problem | None:
-        """What is wrong with `value` (None: nothing)."""
-        inner = self.accepts.get(type(value), WRONG)
-        if inner is None:
-            return None
-        if inner is WRONG:
-            return [f"Input should be {self.what}"]
-        return inner.inside(value)
 
     def inside(self, value: Any) -> Problem | None:
         """What is wrong within `value`, which is of one of the container types accepted."""
@@ -114,9 +107,13 @@ class ListOf(Shape):
         self.accepts, self.what, self.item = {list: self}, "a valid list", item
 
     def inside(self, value: Any) -> Problem | None:
-        check = self.item.problem
+        accepts = self.item.accepts
         for index, item in enumerate(value):
-            found = check(item)
+            inner = accepts.get(type(item), WRONG)
+            if inner is None:
+                continue
+            found = (inner.inside(item) if inner is not WRONG
+                     else [f"Input should be {self.item.what}"])
             if found is not None:
                 found.append(index)
                 return found
@@ -133,6 +130,14 @@ def either(*shapes: Shape) -> Shape:
 
 def nullable(shape: Shape) -> Shape:
     return either(shape, NULL)
+
+
+def optional(shape: Shape) -> Shape:
+    """`shape` or null, a null being as good as absent (a request's member): an error names
+    `shape`'s types alone."""
+    union = nullable(shape)
+    union.what = shape.what
+    return union
 
 
 class Tagged(Shape):
@@ -251,6 +256,9 @@ BLOCKS: dict[str, Obj] = {
 }
 """Each block type a message's content may hold, by its `type` (`BLOCK_TYPES`)."""
 MESSAGE_BLOCK = Tagged(BLOCKS)
+BLOCK_FIELDS = {kind: shape.fields for kind, shape in BLOCKS.items()}
+"""Each block type's `Obj.fields`: what each field's JSON types take (None when a value of
+that type fits as it is)."""
 
 # ---------------------------------------------------------------- the request's members
 
@@ -279,3 +287,9 @@ CONTEXT_MANAGEMENT = Obj(edits=ListOf(Obj(
 """The types of `context_management` (what each edit means is conversion/context_edits.py's
 to check, for `/v1/messages`)."""
 SAFEGUARDS = ListOf(Obj(type=STRING))
+REQUEST = Obj(**{name: optional(shape) for name, shape in {
+    "system": SYSTEM, "tools": TOOLS, "tool_choice": TOOL_CHOICE, "thinking": THINKING,
+    "metadata": METADATA, "output_config": OUTPUT_CONFIG, "output_format": FORMAT,
+    "context_management": CONTEXT_MANAGEMENT, "safeguards": SAFEGUARDS}.items()})
+"""The request's members that are objects and lists (a null one is as good as absent; the
+messages are the census's to check, the scalars the request model's)."""

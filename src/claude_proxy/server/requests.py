@@ -10,6 +10,7 @@ is not a boolean, nor `"0.5"` a number (the layers below get the body as it came
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -65,13 +66,15 @@ Messages = Annotated[list[MessageParam], Field(min_length=1), WrapValidator(_con
 
 
 class CountTokensRequest(BaseModel):
-    """count_tokens takes what `/v1/messages` takes but `max_tokens`, each of its type; the
-    members that are objects and lists have their shapes in `MEMBERS`."""
+    """count_tokens takes what `/v1/messages` takes, each of its type (`max_tokens` too,
+    though it need not be there); the members that are objects and lists have their shapes
+    in `shapes.REQUEST`."""
 
     model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
     messages: Messages
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     stream: StrictBool | None = None
     stop_sequences: list[Annotated[str, Strict()]] | None = None
     temperature: StrictFloat | None = None
@@ -79,43 +82,32 @@ class CountTokensRequest(BaseModel):
     top_k: StrictInt | None = None
 
 
-MEMBERS: dict[str, shapes.Shape] = {
-    "system": shapes.SYSTEM, "tools": shapes.TOOLS, "tool_choice": shapes.TOOL_CHOICE,
-    "thinking": shapes.THINKING, "metadata": shapes.METADATA,
-    "output_config": shapes.OUTPUT_CONFIG, "output_format": shapes.FORMAT,
-    "context_management": shapes.CONTEXT_MANAGEMENT, "safeguards": shapes.SAFEGUARDS}
-"""The request's members that are objects and lists, by the shape each must have when
-present and not null (a null one is as good as absent)."""
-
-
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[StrictInt, Field(ge=0)]
 
 
-def validate_request(model: type[CountTokensRequest], payload: Any) -> dict[str, Any]:
+def validate_request(model: type[CountTokensRequest], payload: Any,
+                     known: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The payload itself once it fits `model` (its messages a `Conversation`, which keeps
-    its census of block types); otherwise a 400 naming the first problem."""
+    its census of block types); otherwise a 400 naming the first problem. `known`: members
+    an earlier request checked, as they were (a session's system prompt and tools,
+    server/incremental.py): a member that is the very object is not checked again, as
+    `Remembered` messages are not."""
     if not isinstance(payload, dict):
         raise ProxyError(400, "request body must be a JSON object")
     try:
         validated = model.model_validate(payload)
-        check_members(payload)
     except ValidationError as exc:
         raise ProxyError(400, describe_validation_error(exc)) from None
     except shapes.Mismatch as exc:
         raise ProxyError(400, str(exc)) from None
+    members = payload if known is None else {
+        name: value for name, value in payload.items() if known.get(name) is not value}
+    problem = shapes.REQUEST.inside(members)
+    if problem is not None:
+        raise ProxyError(400, str(shapes.mismatch(problem)))
     payload["messages"] = validated.messages
     return payload
-
-
-def check_members(payload: dict[str, Any]) -> None:
-    """Each of `MEMBERS` of its shape (a `Mismatch` otherwise)."""
-    for name, shape in MEMBERS.items():
-        value = payload.get(name)
-        if value is not None:
-            problem = shape.problem(value)
-            if problem is not None:
-                raise shapes.mismatch(problem, name)
 
 
 def describe_validation_error(exc: ValidationError) -> str:
