@@ -83,6 +83,7 @@ def run(check: Callable[..., None], strategy: st.SearchStrategy[Any]) -> None:
     print(f"\nfuzzed {rounds} rounds of 300: statuses {dict(sorted(STATUSES.items()))}")
 
 
+@pytest.mark.timeout(FUZZ_SECONDS + 300 if FUZZ_SECONDS else 180)
 def test_hostile_requests(proxy: ProxyServer, upstream: ScriptedUpstream,
                           client: httpx.Client, log_lines: LogLines) -> None:
     """Mutated Claude Code requests and broken bytes: an Anthropic-shaped 4xx or a valid
