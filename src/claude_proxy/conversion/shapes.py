@@ -51,6 +51,13 @@ class Shape:
     accepts: dict[type, Shape | None]
     what: str
 
+    def problem(self, value: Any) -> Problem | None:
+        """What is wrong with `value` (None: nothing)."""
+        inner = self.accepts.get(type(value), WRONG)
+        if inner is None:
+            return None
+        return inner.inside(value) if inner is not WRONG else [f"Input should be {self.what}"]
+
     def inside(self, value: Any) -> Problem | None:
         """What is wrong within `value`, which is of one of the container types accepted."""
         raise NotImplementedError
@@ -89,13 +96,9 @@ class Obj(Shape):
         fields = self.fields
         for name, item in value.items():
             accepts = fields.get(name)
-            if accepts is None:
+            if accepts is None or accepts.get(type(item), WRONG) is None:
                 continue
-            inner = accepts.get(type(item), WRONG)
-            if inner is None:
-                continue
-            found = (inner.inside(item) if inner is not WRONG
-                     else [f"Input should be {self.shapes[name].what}"])
+            found = self.shapes[name].problem(item)
             if found is not None:
                 found.append(name)
                 return found
@@ -109,14 +112,11 @@ class ListOf(Shape):
     def inside(self, value: Any) -> Problem | None:
         accepts = self.item.accepts
         for index, item in enumerate(value):
-            inner = accepts.get(type(item), WRONG)
-            if inner is None:
-                continue
-            found = (inner.inside(item) if inner is not WRONG
-                     else [f"Input should be {self.item.what}"])
-            if found is not None:
-                found.append(index)
-                return found
+            if accepts.get(type(item), WRONG) is not None:
+                found = self.item.problem(item)
+                if found is not None:
+                    found.append(index)
+                    return found
         return None
 
 

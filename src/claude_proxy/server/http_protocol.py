@@ -63,9 +63,9 @@ class HeadHoldingTransport:
 
 class FramedReceive:
     """A request's `receive` that raises the client's 400 once its body's framing has broken
-    (a chunk size that is no number, bytes after the last chunk): the application answers
-    it, with its own error body and access line, instead of waiting for a body that will
-    not come."""
+    (a chunk size that is no number, a chunk that does not end where it said): the
+    application answers it, with its own error body and access line, instead of waiting for
+    a body that will not come."""
 
     __slots__ = ("broken", "receive")
 
