@@ -54,6 +54,13 @@ raw_requests = st.tuples(st.sampled_from(["/v1/messages", "/v1/messages/count_to
 
 
 @pytest.fixture(scope="module")
+def proxy(proxy_factory: Callable[..., ProxyServer]) -> ProxyServer:
+    """A proxy of this module's own: what its hostile requests leave in the dashboard's
+    memory (models with line separators, …) is no other test's to read."""
+    return proxy_factory()
+
+
+@pytest.fixture(scope="module")
 def client() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=60) as http:
         yield http

@@ -30,6 +30,13 @@ ENDPOINTS = ["/v1/messages", "/v1/messages/count_tokens"]
 
 
 @pytest.fixture(scope="module")
+def proxy(proxy_factory: Callable[..., ProxyServer]) -> ProxyServer:
+    """A proxy of this module's own: what its hostile requests leave in the dashboard's
+    memory (models with line separators, …) is no other test's to read."""
+    return proxy_factory()
+
+
+@pytest.fixture(scope="module")
 def log_lines() -> Iterator[LogLines]:
     with captured_log() as lines:
         yield lines
