@@ -21,7 +21,7 @@ CHROMIUM ?= $(shell command -v chromium 2>/dev/null || echo /usr/bin/chromium)
 export CHROMIUM
 
 .PHONY: run test test-claude-latest test-container lint typecheck unit bench bench-redis clean \
-	browser shells redis soak
+	browser shells redis soak fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,13 @@ test-container: $(VENV)/.installed-test
 SOAK_SECONDS ?= 600
 soak: $(VENV)/.installed-test redis
 	$(BIN)/python -m tests.soak --seconds $(SOAK_SECONDS)
+
+## fuzz: the hostile-input properties of tests/test_bad_input.py (mutated Claude Code requests,
+## broken bytes, forged log lines) for FUZZ_SECONDS, fresh random examples each round; `make
+## test` runs a fixed 1,500 of them
+FUZZ_SECONDS ?= 600
+fuzz: $(VENV)/.installed-test
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m pytest tests/test_bad_input.py -p no:cacheprovider -q -s
 
 ## lint: ruff, and the import contracts of pyproject.toml (the layers of docs/development.md)
 lint: $(VENV)/.installed-test

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from claude_proxy.conversion.census import Conversation, Remembered, checked, holds, kinds
+from claude_proxy.conversion.shapes import Mismatch
 from claude_proxy.conversion.tools import referenced_tool_names
 from claude_proxy.errors import ProxyError
 from claude_proxy.server.requests import ROLES, MessagesRequest, validate_request
@@ -54,9 +55,11 @@ def test_validation_takes_the_census_in_its_own_walk() -> None:
 def test_what_the_walk_does_not_vouch_for_is_left_to_the_validator() -> None:
     good = {"role": "user", "content": [{"type": "text", "text": "a"}]}
     for odd in ({"role": "tool", "content": "x"}, {"role": "user"},
-                {"role": "user", "content": 5}, {"role": "user", "content": ["text"]},
-                ["user", "x"]):
+                {"role": "user", "content": 5}, ["user", "x"]):
         assert checked([good, odd], ROLES) is None
+    with pytest.raises(Mismatch) as not_a_block:  # the walk names a block's problems itself
+        checked([good, {"role": "user", "content": [good["content"][0], "text"]}], ROLES)
+    assert str(not_a_block.value) == "messages.1.content.1: Input should be a valid dictionary"
     checked_good = checked([good], ROLES)
     assert checked_good is not None and checked_good.census == {"text"}
     with pytest.raises(ProxyError) as refused:

@@ -1,4 +1,5 @@
-"""Logging set-up: stdout plus an optional rotating file, with secrets redacted at every level.
+"""Logging set-up: stdout plus an optional rotating file, with secrets redacted at every level
+and every control character escaped, so that no value a client sent can begin a line.
 
 Logging never stops the proxy: a LOG_FILE that cannot be opened (a read-only folder, a volume
 owned by another user in a container) is one WARNING on stdout, and the proxy goes on without
@@ -39,8 +40,32 @@ def redact(text: str, secrets: list[str]) -> str:
     return _KEY_LIKE.sub(lambda m: m.group(1) + "…" + REDACTED, text)
 
 
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""What must not reach a log line as it is: C0 and C1 control characters (line breaks, NUL,
+terminal escapes), Unicode's line and paragraph separators, bidirectional overrides (which
+reorder what a reader sees), and lone surrogates (which no UTF-8 file can hold)."""
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escaped(text: str) -> str:
+    """`text` with each character `_UNSAFE` matches written as an escape (`\\n`, `\\r`,
+    `\\t`, else `\\u0000`): one line, whatever a client put into the values it quotes."""
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda match: _NAMED.get(match.group()) or f"\\u{ord(match.group()):04x}",
+                       text)
+
+
+def _traceback_lines(text: str) -> str:
+    """A traceback's lines, each escaped and indented: the exception's message may quote a
+    client's value, which then cannot begin a line either."""
+    return "\n".join("  " + escaped(line) for line in text.split("\n"))
+
+
 class RedactingFilter(logging.Filter):
-    """Rewrites every record so that configured keys and auth headers never reach a handler."""
+    """Rewrites every record so that configured keys and auth headers never reach a handler,
+    and its message is one line (`escaped`), every logger's (uvicorn's too) at every call
+    site: none can forget."""
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
@@ -55,11 +80,11 @@ class RedactingFilter(logging.Filter):
             return True
         record.redacted = True
         message = record.getMessage()
-        record.msg = redact(message, self._secrets)
+        record.msg = escaped(redact(message, self._secrets))
         record.args = None
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = redact(
-                logging.Formatter().formatException(record.exc_info), self._secrets)
+            record.exc_text = _traceback_lines(redact(
+                logging.Formatter().formatException(record.exc_info), self._secrets))
             record.exc_info = None
         return True
 

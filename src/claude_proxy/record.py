@@ -180,12 +180,25 @@ class RequestRecord:
         cost = f" cost_usd={self.cost:.6f}" if self.cost is not None else ""
         if self.request_class != "-" or self.prompt_id != "-":
             cost += f" class={self.request_class} prompt_id={self.prompt_id}"
-        return (f"request_id={self.request_id} {self.method} {self.path} {who}"
+        return (f"request_id={self.request_id} {self.method} {one_word(self.path)} {who}"
                 f"session={self.session} agent={self.agent} "
                 f"provider={self.provider} route={self.route} {failover}"
-                f"model={self.client_model}->{self.upstream_model} status={self.status} "
+                f"model={one_word(self.client_model)}->{one_word(self.upstream_model)} "
+                f"status={self.status} "
                 f"stream={str(self.stream).lower()} ttfb_ms={ttfb} "
                 f"total_ms={(finished - self.started) * 1e3:.1f} {tokens}{cost}")
+
+
+_WORD = re.compile(r'[^\s"]+')
+
+
+def one_word(value: str) -> str:
+    """A value a client chose (its path, its model) as one word of the access line: quoted
+    when it has a space or a quote, so that a model named `m status=200` adds no field to the
+    line. (Control characters are the log's to escape: logs.py.)"""
+    if _WORD.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("claude_proxy_request", default=None)

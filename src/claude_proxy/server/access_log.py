@@ -79,6 +79,10 @@ class AccessLogMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            if not record.status:  # answered outside, by the application's last handler
+                record.status = 500
+            raise
         finally:
             unbind(token)
             self._finish(record)

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from claude_proxy.config.file import ProxyConfig, single_provider_config
@@ -244,6 +245,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         logger.info("client disconnected before the response started; upstream cancelled")
         return Response(status_code=499)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_left_mid_body(_: Request, exc: ClientDisconnect) -> Response:
+        # Before its body was complete: nothing was sent upstream, the access line says 499.
+        return Response(status_code=499)
+
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, exc: RecursionError) -> Response:
         return _too_deep()
@@ -270,8 +276,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 async def unexpected_error(_: Request, exc: Exception) -> Response:
+    """A fault of the proxy's own (no client's input leads here: requests are validated at
+    the edge). The connection is closed after the answer: uvicorn closes it once the error
+    has been logged, and the client must not send its next request on it."""
     logger.exception("unexpected error while handling a request")
-    return json_response(error_body("api_error", "internal proxy error"), 500)
+    return json_response(error_body("api_error", "internal proxy error"), 500,
+                         {"connection": "close"})
 
 
 def _too_deep() -> Response:

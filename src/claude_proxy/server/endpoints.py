@@ -175,7 +175,8 @@ def validated_body(raw: bytes, bodies: Memo, identity: Identity,
         return validate_request(MessagesRequest, body), None
     bodies.put(key, kept, kept.weight)
     body["messages"] = Remembered(parsed.messages, parsed.known)
-    valid = validate_request(MessagesRequest, body)
+    valid = validate_request(MessagesRequest, body,
+                             known=parsed.rest if parsed.rest_known else None)
     parsed.running, parsed.known = valid["messages"].running, []
     return valid, parsed.turns
 

@@ -1,5 +1,6 @@
 """The server's side of the wire: uvicorn's httptools protocol, its response head sent with
-the first body bytes.
+the first body bytes, and a request body whose HTTP framing breaks answered by the
+application.
 
 uvicorn writes a response's status line and headers in one `transport.write` and its body in
 another, each a `send` system call at once; on loopback a send does the receiver's TCP work
@@ -18,6 +19,8 @@ from typing import Any
 # minor release for that reason (re-check the write path on each one).
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from claude_proxy.errors import ProxyError
 
 _HEAD = b"HTTP/1.1 "
 
@@ -58,12 +61,42 @@ class HeadHoldingTransport:
         return getattr(self._transport, name)
 
 
+class FramedReceive:
+    """A request's `receive` that raises the client's 400 once its body's framing has broken
+    (a chunk size that is no number, a chunk that does not end where it said): the
+    application answers it, with its own error body and access line, instead of waiting for
+    a body that will not come."""
+
+    __slots__ = ("broken", "receive")
+
+    def __init__(self, receive: Any) -> None:
+        self.receive = receive
+        self.broken = False
+
+    async def __call__(self) -> Any:
+        if not self.broken:
+            message = await self.receive()
+            if not self.broken:
+                return message
+        raise ProxyError(400, "request body is not valid HTTP/1.1 framing",
+                         headers={"connection": "close"})
+
+
 class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a HeadHoldingTransport (`uvicorn.Config(http=...)`),
-    each piece of a request body handed on as httptools made it."""
+    each piece of a request body handed on as httptools made it and read through
+    `FramedReceive`."""
 
     def connection_made(self, transport: Any) -> None:  # uvloop's is no asyncio.Transport
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_headers_complete(self) -> None:
+        """The new request's `receive` through `FramedReceive` (its task, just made, has not
+        run yet: it reads `receive` when it does)."""
+        super().on_headers_complete()
+        cycle: Any = self.cycle  # its `receive` is a method: replaced on the instance
+        if cycle is not None and not isinstance(cycle.receive, FramedReceive):
+            cycle.receive = FramedReceive(cycle.receive)
 
     def on_body(self, body: bytes) -> None:
         """uvicorn adds each piece to a bytearray and hands on `bytes()` of it: two copies of
@@ -79,3 +112,19 @@ class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
         if len(body) > HIGH_WATER_LIMIT:
             self.flow.pause_reading()
         cycle.message_event.set()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes httptools cannot parse: a plain-text 400 written past the
+        application. While the application is still reading the request's body, it is the
+        one to answer (`FramedReceive`); the connection closes after that answer, and what
+        else arrives on it is not read."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or not cycle.more_body \
+                or not isinstance(cycle.receive, FramedReceive):
+            super().send_400_response(msg)
+            return
+        if not cycle.receive.broken:
+            cycle.receive.broken = True
+            cycle.keep_alive = False
+            self.flow.pause_reading()
+            cycle.message_event.set()

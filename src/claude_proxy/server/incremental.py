@@ -81,6 +81,9 @@ class ParsedBody:
     turns: Slot = field(default_factory=Slot)
     """The conversation's last conversion (conversion/reuse.py): a body that goes on from
     this one shares it."""
+    rest_known: bool = False
+    """Whether `rest` is the very objects of the body before, whose validation passed (its
+    `running` set): they are not checked again (server/requests.py)."""
 
     @property
     def weight(self) -> int:
@@ -136,6 +139,7 @@ def parse(raw: bytes, previous: ParsedBody | None,
         return _whole(raw)
     end = previous.ends[shared - 1]
     found = _same_rest(raw, end, previous)
+    rest_known = found is not None and previous.running is not None
     if found is None:
         rest = _rest(raw, end)
         if rest is None:
@@ -148,7 +152,7 @@ def parse(raw: bytes, previous: ParsedBody | None,
     return body, ParsedBody(raw, previous.start, messages, ends, shared,
                             (previous.running or [])[:shared],
                             rest=rest if _all_found(raw, messages, ends) else None,
-                            turns=previous.turns)
+                            turns=previous.turns, rest_known=rest_known)
 
 
 def _whole(raw: bytes) -> tuple[Any, ParsedBody | None]:

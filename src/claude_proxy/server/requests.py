@@ -1,11 +1,16 @@
-"""The shape of incoming requests, checked once per request (chunks are never validated).
+"""The shape of incoming requests, checked once per request (chunks are never validated),
+the same for `/v1/messages` and `/v1/messages/count_tokens`: every field the Messages API
+defines, at every depth, of its JSON type (conversion/shapes.py), or a 400 naming it before
+anything is sent upstream.
 
-Only what the proxy relies on is checked; unknown fields are allowed, since Claude Code adds
-new ones (`context_management`, `output_config`, anything in CLAUDE_CODE_EXTRA_BODY) often.
+Unknown fields are allowed, since Claude Code adds new ones (`context_management`,
+`output_config`, anything in CLAUDE_CODE_EXTRA_BODY) often. Scalars are strict: a `"true"`
+is not a boolean, nor `"0.5"` a number (the layers below get the body as it came).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -14,12 +19,15 @@ from pydantic import (
     Field,
     InstanceOf,
     Strict,
+    StrictBool,
+    StrictFloat,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
 )
 from typing_extensions import TypedDict
 
+from claude_proxy.conversion import shapes
 from claude_proxy.conversion.census import Conversation, checked
 from claude_proxy.errors import ProxyError
 
@@ -58,35 +66,46 @@ Messages = Annotated[list[MessageParam], Field(min_length=1), WrapValidator(_con
 
 
 class CountTokensRequest(BaseModel):
+    """count_tokens takes what `/v1/messages` takes, each of its type (`max_tokens` too,
+    though it need not be there); the members that are objects and lists have their shapes
+    in `shapes.REQUEST`."""
+
     model_config = ConfigDict(extra="allow")
 
     model: Annotated[str, Field(min_length=1)]
     messages: Messages
-    system: str | Blocks | None = None
-    tools: Blocks | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    stream: StrictBool | None = None
+    stop_sequences: list[Annotated[str, Strict()]] | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    top_k: StrictInt | None = None
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[StrictInt, Field(ge=0)]
-    stream: bool | None = None
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    metadata: dict[str, Any] | None = None
 
 
-def validate_request(model: type[CountTokensRequest], payload: Any) -> dict[str, Any]:
+def validate_request(model: type[CountTokensRequest], payload: Any,
+                     known: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The payload itself once it fits `model` (its messages a `Conversation`, which keeps
-    its census of block types); otherwise a 400 naming the first problem."""
+    its census of block types); otherwise a 400 naming the first problem. `known`: members
+    an earlier request checked, as they were (a session's system prompt and tools,
+    server/incremental.py): a member that is the very object is not checked again, as
+    `Remembered` messages are not."""
     if not isinstance(payload, dict):
         raise ProxyError(400, "request body must be a JSON object")
     try:
         validated = model.model_validate(payload)
     except ValidationError as exc:
         raise ProxyError(400, describe_validation_error(exc)) from None
+    except shapes.Mismatch as exc:
+        raise ProxyError(400, str(exc)) from None
+    members = payload if known is None else {
+        name: value for name, value in payload.items() if known.get(name) is not value}
+    problem = shapes.REQUEST.inside(members)
+    if problem is not None:
+        raise ProxyError(400, str(shapes.mismatch(problem)))
     payload["messages"] = validated.messages
     return payload
 
