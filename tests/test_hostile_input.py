@@ -183,12 +183,12 @@ def test_a_fault_of_the_proxys_own_closes_its_connection_and_is_logged_as_a_500(
     `Connection: close` (uvicorn closes the connection once it has logged the error), and the
     access line has its status, not 0."""
     proxy = proxy_factory()
-    assert eventually(lambda: hasattr(proxy.app.state, "service"))
+    assert eventually(lambda: hasattr(proxy.app.state, "wiring"))
 
     async def broken(*args: Any) -> int:
         raise RuntimeError("a bug")
 
-    proxy.app.state.service.count_input = broken
+    proxy.app.state.wiring.service.count_input = broken
     with connect(proxy) as sock:
         status, headers, body = exchange(sock, post("/v1/messages/count_tokens",
                                                     json.dumps(ASK).encode()))
