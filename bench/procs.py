@@ -166,7 +166,9 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
     (ANTHROPIC_API_KEY, BIG_MODEL, ...) that would change what is measured."""
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
     env = {name: os.environ[name] for name in keep if name in os.environ}
-    env.update({"PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*"})
+    # DRAIN_DELAY 0: a proxy stopped between phases closes at once (the default keeps serving
+    # for 5 s after SIGTERM, for a load balancer to notice; the bench has none).
+    env.update({"PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*", "DRAIN_DELAY": "0"})
     env.update(extra)
     return env
 
