@@ -658,3 +658,28 @@ def test_doctor_checks_the_redis_connection_without_showing_the_password(
                      r"proxy would run degraded", result.stdout), result.stdout
     assert PASSWORD not in result.stdout + result.stderr
     assert "proxyuser" not in result.stdout + result.stderr
+
+
+def test_the_fleets_live_view_carries_the_keys_panel_as_one_process_does(
+        redis_server: RedisServer) -> None:
+    """With REDIS_URL the dashboard's live events come from the fleet's view: they carry the
+    same members as a lone process's, the Keys panel's spend included (it went missing, and
+    the panel with it, after the first live event)."""
+    from claude_proxy.ui.recorder import Recorder
+
+    panel = [{"name": "ana", "spent": 1.5, "budget": 50.0}]
+
+    async def scenario() -> None:
+        store = RedisStore(redis_server.url, prefix(), timeout=1.0, process="host-a:1")
+        await store.start()
+        try:
+            recorder = Recorder(inspect=5, secrets=[], health=list, store=store,
+                                keys=lambda: panel)
+            assert recorder.fleet is not None
+            fleet = await recorder.fleet_live()
+            assert fleet["keys"] == panel
+            assert set(fleet) == set(recorder.live()) | {"now_process"}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

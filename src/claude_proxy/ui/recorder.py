@@ -318,15 +318,20 @@ class Recorder:
         return listed
 
     def live(self) -> dict[str, Any]:
-        """What changes by itself every second: in flight, providers, charts."""
+        """What changes by itself every second: in flight, providers, keys, charts."""
         now = time.time()
-        return {"now": self.now(), "providers": self.providers(),
-                "keys": self.keys() if self.keys is not None else [],
-                "series": self.series.snapshot(now), "tools": self.series.tool_stats(now),
-                "server_time": now, "configuration": self._configuration()}
+        return self._live(now, self.series, self.providers())
 
-    def _configuration(self) -> dict[str, Any] | None:
-        return self.configuration() if self.configuration is not None else None
+    def _live(self, now: float, series: MinuteSeries,
+              providers: list[dict[str, Any]]) -> dict[str, Any]:
+        """`live()` from the charts and provider numbers given (this process's, or the
+        fleet's): one place for what a live event holds, whichever view sends it."""
+        return {"now": self.now(), "providers": providers,
+                "keys": self.keys() if self.keys is not None else [],
+                "series": series.snapshot(now), "tools": series.tool_stats(now),
+                "server_time": now,
+                "configuration": self.configuration() if self.configuration is not None
+                else None}
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a dashboard shows, for a page that has just connected."""
@@ -372,10 +377,8 @@ class Recorder:
             return self.live()
         now = time.time()
         series = await self.fleet.series(now)
-        live = {"now": self.now(), "now_process": self.fleet.process,
-                "providers": self.providers(series.provider_stats(now)),
-                "series": series.snapshot(now), "tools": series.tool_stats(now),
-                "server_time": now, "configuration": self._configuration()}
+        live = {**self._live(now, series, self.providers(series.provider_stats(now))),
+                "now_process": self.fleet.process}
         self.fleet.heartbeat(now)
         return live
 
