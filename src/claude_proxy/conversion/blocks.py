@@ -140,6 +140,22 @@ class _ToolCall:
         return True
 
 
+def tool_input(arguments: str) -> Any:
+    """A tool call's `input` in a whole Message, from the text its `input_json` deltas carry:
+    the object that text is; `{}` for no text at all (what the stream sends then); any other
+    text (not JSON, or JSON but no object) as it came, a string. Claude Code reads a string
+    `input` as it reads a streamed call's text, so its own precise error ("could not be parsed
+    as JSON") reaches the model, where `{}` would tell it of a missing parameter instead
+    (docs/tool-calls.md)."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
 class _ToolBlockState:
     kind = "tool"
 
@@ -284,11 +300,8 @@ class BlockMachine:
         for call in self._calls.values():
             if not call.anthropic_id:
                 continue
-            try:
-                arguments = orjson.loads(call.arguments() or "{}")
-            except orjson.JSONDecodeError:
-                arguments = call.arguments()
-            uses.append({"id": call.anthropic_id, "name": call.name, "input": arguments})
+            uses.append({"id": call.anthropic_id, "name": call.name,
+                         "input": tool_input(call.arguments())})
         return uses
 
     def fail(self, error: ProxyError) -> list[Event]:

@@ -8,21 +8,16 @@ through the same machine, and a non-streaming client gets the Message these even
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-import orjson
-
-from claude_proxy.conversion.blocks import BlockMachine, Event, Sign
+from claude_proxy.conversion.blocks import BlockMachine, Event, Sign, tool_input
 from claude_proxy.conversion.deltas import Delta
 from claude_proxy.conversion.tool_guard import HOLD_PING_SECONDS, ToolGuard
 from claude_proxy.errors import ProxyError
 
 __all__ = ["StreamConverter", "WireParser", "collect_message", "convert_chunks"]
-
-logger = logging.getLogger("claude_proxy.conversion")
 
 
 class WireParser(Protocol):
@@ -155,9 +150,4 @@ def _apply_delta(
 def _finish_block(block: dict[str, Any], partial_json: list[str] | None) -> None:
     if block["type"] != "tool_use" or partial_json is None:
         return
-    text = "".join(partial_json)
-    try:
-        block["input"] = orjson.loads(text) if text.strip() else {}
-    except orjson.JSONDecodeError:
-        logger.warning("tool %s arguments are not valid JSON; input left empty", block["name"])
-        block["input"] = {}
+    block["input"] = tool_input("".join(partial_json))
