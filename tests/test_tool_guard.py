@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,9 @@ def test_a_recorded_shape_not_streamed(case: dict[str, Any], api: str,
     assert [(use["name"], use["input"]) for use in uses] == [
         (call["name"], whole_input(call["arguments"])) for call in case["expected"]]
     assert any(isinstance(use["input"], str) for use in uses) == (case["name"] in RAW_INPUT)
+    counts = Counter(case["outcomes"])
+    assert response.headers["x-claude-proxy-tool-calls"] == ";".join(
+        f"{outcome}={counts[outcome]}" for outcome in dict.fromkeys(case["outcomes"]))
 
 
 def whole_input(arguments: str) -> Any:
@@ -635,6 +639,15 @@ def test_a_repair_is_logged_counted_and_kept_for_the_inspector(
     assert view["row"]["tool_calls"] == {"repaired": 1, "unchecked": 1}
 
 
+def test_a_whole_answer_without_a_call_has_no_tool_call_header(
+        proxies: dict[str, ProxyServer], upstream: ScriptedUpstream) -> None:
+    upstream.queue(completion({"content": "No call."}))
+    response = httpx.post(proxies["chat"].url + "/v1/messages",
+                          json=request({"tools": ["Bash"]}, False), timeout=30)
+    assert response.json()["content"] == [{"type": "text", "text": "No call."}]
+    assert "x-claude-proxy-tool-calls" not in response.headers
+
+
 def test_the_guard_is_set_per_provider_and_watches_only_for_anthropic() -> None:
     from claude_proxy.config.settings import ProviderSettings
     assert ProviderSettings().guard_mode == "repair"
@@ -697,6 +710,7 @@ def test_reask_gives_a_whole_reply_one_more_chance(proxy_factory: Callable[..., 
     assert [(b["id"], b["input"]) for b in message["content"] if b["type"] == "tool_use"] == [
         ("call_ok", {"command": "cd /tmp && ls"})]
     assert (message["usage"]["input_tokens"], message["usage"]["output_tokens"]) == (200, 20)
+    assert response.headers["x-claude-proxy-tool-calls"] == "invalid=1;valid=1"
     again = upstream.requests[1]["messages"]
     assert again[-2]["tool_calls"][0]["id"] == "call_bad"
     assert again[-1]["role"] == "tool" and again[-1]["tool_call_id"] == "call_bad"

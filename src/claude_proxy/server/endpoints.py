@@ -76,6 +76,18 @@ def json_response(content: Any, status: int = 200,
                     media_type="application/json")
 
 
+TOOL_CALLS_HEADER = "x-claude-proxy-tool-calls"
+
+
+def message_response(message: dict[str, Any]) -> Response:
+    """A whole Message; with what the tool-call guard found of the calls it checked for it
+    (`valid=1;repaired=2`, docs/tool-calls.md), when it checked any. A stream has no such
+    header: its head goes out before any call exists."""
+    outcomes = current_record().tool_outcomes()
+    summary = ";".join(f"{outcome}={count}" for outcome, count in outcomes.items())
+    return json_response(message, headers={TOOL_CALLS_HEADER: summary} if summary else None)
+
+
 def error_response(error: ProxyError) -> Response:
     return json_response(error.body(), error.status, error.headers)
 
@@ -199,7 +211,7 @@ async def messages(request: Request) -> Response:
             service.remember_session(session, record)
 
         return EventStream(relay_events(converter, stream, deadline, wired.metrics), finish)
-    return json_response(await before_first_byte(
+    return message_response(await before_first_byte(
         request, service.create(body, session, raw, turns), deadline))
 
 
@@ -209,7 +221,7 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     plan = search.plan(body)
     if body.get("stream"):
         return EventSourceResponse(search.stream(plan, deadline), sep="\n")
-    return json_response(await before_first_byte(request, search.create(plan), deadline))
+    return message_response(await before_first_byte(request, search.create(plan), deadline))
 
 
 async def tool_search_response(request: Request, body: dict[str, Any],
@@ -219,7 +231,7 @@ async def tool_search_response(request: Request, body: dict[str, Any],
     plan = flow.plan(body)
     if body.get("stream"):
         return EventStream(flow.stream(plan, deadline))
-    return json_response(await before_first_byte(request, flow.create(plan), deadline))
+    return message_response(await before_first_byte(request, flow.create(plan), deadline))
 
 
 async def count_tokens(request: Request) -> Response:
