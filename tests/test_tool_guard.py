@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 
 from claude_proxy.config.settings import GuardMode
 from claude_proxy.conversion import response_converter
+from claude_proxy.conversion.deltas import Delta, Finish, ToolCall
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.conversion.tool_guard import CallReport, ToolGuard
 from claude_proxy.conversion.tool_schemas import OfferedTools
@@ -582,26 +583,50 @@ def test_past_the_hold_limit_a_call_streams_as_it_comes() -> None:
     assert [report.outcome for report in reports] == ["overflow"]
 
 
-def test_a_ping_while_a_call_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing goes out while the arguments are held; after HOLD_PING_SECONDS of that, a
-    `ping` event (a fake clock: no test waits)."""
+class GivenDeltas:
+    """A parser whose chunks are the deltas themselves (`{"deltas": [...]}`)."""
+
+    def parse(self, chunk: dict[str, Any]) -> list[Delta]:
+        deltas: list[Delta] = chunk["deltas"]
+        return deltas
+
+    def flush(self) -> list[Delta]:
+        return []
+
+
+def test_a_keep_alive_while_a_call_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing goes out while the arguments are held; after HOLD_PING_SECONDS of that, an
+    event that adds nothing (a fake clock: no test waits). On the held call's open block an
+    empty input_json_delta, which Claude Code's idle watchdog counts (its SDK drops a
+    `ping`); a `ping` while no block is open (a later call, held before its start)."""
     now = [1000.0]
     monkeypatch.setattr(response_converter.time, "monotonic", lambda: now[0])
     guard = ToolGuard(OfferedTools.of_request({"tools": TOOLS}), lambda report: None)
-    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
-                                parser=ChatCompletionsParser(), guard=guard)
-    converter.start()
-    first = converter.feed(chunk({"tool_calls": frames_of([("c", "Bash", ['{"command": "'])])}))
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned, parser=GivenDeltas(),
+                                guard=guard)
+    events = converter.start()
+
+    def held_for(seconds: int, piece: ToolCall) -> list[dict[str, Any]]:
+        quiet = []
+        for _ in range(seconds):
+            now[0] += 1.0
+            quiet += converter.feed({"deltas": [piece]})
+        return quiet
+
+    first = converter.feed({"deltas": [ToolCall(0, "a", "Bash", '{"command": "')]})
     assert [event["type"] for event in first] == ["content_block_start"]
-    pings = []
-    for _ in range(40):
-        now[0] += 1.0
-        pings += [e["type"] for e in converter.feed(chunk({"tool_calls": [
-            {"index": 0, "function": {"arguments": "x"}}]}))]
-    assert pings == ["ping", "ping"]  # 40 s held: one each 15 s
+    quiet = held_for(40, ToolCall(0, arguments="x"))  # one each 15 s
+    assert quiet == [{"type": "content_block_delta", "index": 0, "delta": {
+        "type": "input_json_delta", "partial_json": ""}}] * 2
+    closed = converter.feed({"deltas": [ToolCall(0, arguments='"}', last=True),
+                                        ToolCall(1, "b", "Bash", '{"command": "')]})
+    assert [event["type"] for event in closed] == ["content_block_delta", "content_block_stop"]
+    assert held_for(20, ToolCall(1, arguments="y")) == [{"type": "ping"}]
     now[0] += 100
-    done = converter.feed(chunk({}, "tool_calls"))
+    done = converter.feed({"deltas": [Finish("tool_use")]})
     assert "ping" not in [event["type"] for event in done]
+    assert client_calls(events + first + quiet + closed + done + converter.finish()) == [
+        ("Bash", '{"command": "' + "x" * 40 + '"}'), ("Bash", '{"command": "' + "y" * 20)]
 
 
 # ------------------------------------------------------------------ what is said of it

@@ -304,6 +304,16 @@ class BlockMachine:
                          "input": tool_input(call.arguments())})
         return uses
 
+    def keep_alive(self) -> Event:
+        """An event that adds nothing, for a client's idle watchdog while content is held
+        back: an empty `input_json_delta` on an open tool_use block (Anthropic's own streams
+        begin each call with one), which Claude Code counts as an event; else a `ping`, which
+        its SDK drops before any watchdog sees it (docs/tool-calls.md)."""
+        if isinstance(self._open, _ToolBlockState):
+            return _block_delta(self._open.index, {"type": "input_json_delta",
+                                                   "partial_json": ""})
+        return {"type": "ping"}
+
     def fail(self, error: ProxyError) -> list[Event]:
         """Close every open block, then one `error` event (the stream then ends)."""
         events = self._close_all()

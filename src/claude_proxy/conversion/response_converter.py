@@ -61,8 +61,8 @@ class StreamConverter(BlockMachine):
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError.
-        While the guard holds a call back, a `ping` event every HOLD_PING_SECONDS of output
-        silence keeps the client's idle watchdog quiet."""
+        While the guard holds a call back, an event that adds nothing (`keep_alive`) every
+        HOLD_PING_SECONDS of output silence keeps the client's idle watchdog quiet."""
         guard = self.guard
         deltas = self.parser.parse(chunk)
         if guard is None or not guard.engaged(deltas):
@@ -75,7 +75,7 @@ class StreamConverter(BlockMachine):
             self._quiet_since = time.monotonic()
         elif time.monotonic() - self._quiet_since >= HOLD_PING_SECONDS:
             self._quiet_since = time.monotonic()
-            events.append({"type": "ping"})
+            events.append(self.keep_alive())
         return events
 
     def close(self) -> list[Event]:

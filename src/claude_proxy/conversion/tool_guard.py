@@ -36,8 +36,9 @@ from claude_proxy.conversion.tool_schemas import Check, OfferedTools
 logger = logging.getLogger("claude_proxy.conversion")
 
 HOLD_PING_SECONDS = 15.0
-"""While a call is held and the upstream keeps sending, a `ping` event goes out this often
-(the stream's own `: ping` comment covers an upstream gone quiet)."""
+"""While a call is held and the upstream keeps sending, an event that adds nothing goes out
+this often (`BlockMachine.keep_alive`; the stream's own `: ping` comment covers an upstream
+gone quiet: docs/tool-calls.md)."""
 DEFAULT_MAX_HOLD = 4 * 1024 * 1024
 
 
