@@ -30,6 +30,7 @@ from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.upstream.chat_completions import ChatCompletionsParser
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
+from tests.sse_grammar import Event, accumulate, check_grammar, parse_sse
 from tests.test_telemetry import Traced, by_kind, traced  # noqa: F401 (a fixture)
 
 DATA = json.loads((Path(__file__).parent / "data" / "tool-calls" / "shapes.json").read_text())
@@ -759,6 +760,92 @@ def test_no_reask_by_default_nor_for_a_cut_call(proxy_factory: Callable[..., Pro
         response = httpx.post(proxy.url + "/v1/messages",
                               json=request({"tools": ["Bash"]}, False), timeout=30)
         assert response.status_code == 200 and len(upstream.requests) == 1
+
+
+BAD_CALL = '{"command": "ls", "cwd": "/tmp"}'
+GOOD_CALL = '{"command": "cd /tmp && ls"}'
+USAGE = {"prompt_tokens": 100, "completion_tokens": 10}
+
+
+def streamed_call(call_id: str, arguments: str, *before: dict[str, Any]) -> Reply:
+    """A streamed Bash call (after the deltas `before`: thinking, text), its usage last."""
+    return Reply(events=[chunk({"role": "assistant", "content": ""}),
+                         *(chunk(delta) for delta in before),
+                         chunk({"tool_calls": frames_of([(call_id, "Bash", [arguments])])}),
+                         chunk({}, "tool_calls"), chunk(None, None, USAGE)])
+
+
+@pytest.fixture(scope="module")
+def reasking(proxy_factory: Callable[..., ProxyServer]) -> ProxyServer:
+    return proxy_factory(tool_guard_reask=True)
+
+
+def streamed(proxy: ProxyServer, body: dict[str, Any]) -> list[Event]:
+    response = httpx.post(proxy.url + "/v1/messages", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    events = parse_sse(response.content)
+    check_grammar(events)
+    return events
+
+
+def test_reask_on_a_stream_sends_the_retrys_answer_in_the_first_ones_place(
+        reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """TOOL_GUARD_REASK, streamed: a reply whose only content is a call that failed is held
+    back to its end, then asked again; the client gets one message, the retry's call at
+    index 0, and both answers' usage."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL), streamed_call("call_ok", GOOD_CALL))
+    events = streamed(reasking, request({"tools": ["Bash"]}, True))
+    assert [(e.name, e.data.get("index")) for e in events if e.name != "ping"] == [
+        ("message_start", None), ("content_block_start", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("message_delta", None), ("message_stop", None)]
+    message = accumulate(events)
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_ok", {"command": "cd /tmp && ls"})]
+    assert (message["stop_reason"], message["usage"]["input_tokens"],
+            message["usage"]["output_tokens"]) == ("tool_use", 200, 20)
+    again = upstream.requests[1]["messages"]
+    assert json.loads(again[-2]["tool_calls"][0]["function"]["arguments"]) == json.loads(
+        BAD_CALL)
+    assert again[-1]["tool_call_id"] == "call_bad" and again[-1]["content"].startswith(
+        "Error: <tool_use_error>InputValidationError: Bash failed due to the following issue")
+    assert upstream.requests[1]["stream"] is True and len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize("before", [{"reasoning_content": "Listing."}, {"content": "Sure."}],
+                         ids=["thinking", "text"])
+def test_no_reask_on_a_stream_once_other_content_was_shown(
+        before: dict[str, Any], reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """Thinking or text before the call goes out as it comes (a retry could not take it
+    back), and the reply with it: its call as it came, not asked again."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL, before))
+    message = accumulate(streamed(reasking, request({"tools": ["Bash"]}, True)))
+    assert [block["type"] for block in message["content"]] == [
+        "thinking" if "reasoning_content" in before else "text", "tool_use"]
+    assert message["content"][1]["input"] == json.loads(BAD_CALL)
+    assert len(upstream.requests) == 1
+
+
+def test_a_reask_that_cannot_be_opened_leaves_the_first_answer(
+        reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    upstream.queue(streamed_call("call_bad", BAD_CALL), Reply(status=400, body={
+        "error": {"message": "bad history", "type": "invalid_request_error"}}))
+    message = accumulate(streamed(reasking, request({"tools": ["Bash"]}, True)))
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_bad", json.loads(BAD_CALL))]
+    assert message["usage"]["output_tokens"] == 10 and len(upstream.requests) == 2
+
+
+def test_reask_through_the_stop_sequence_path(reasking: ProxyServer,
+                                              upstream: ScriptedUpstream) -> None:
+    """A whole answer with stop sequences is read from an upstream stream: re-asked there."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL), streamed_call("call_ok", GOOD_CALL))
+    body = {**request({"tools": ["Bash"]}, False), "stop_sequences": ["STOP"]}
+    response = httpx.post(reasking.url + "/v1/messages", json=body, timeout=30)
+    message = response.json()
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_ok", {"command": "cd /tmp && ls"})]
+    assert (message["usage"]["input_tokens"], message["usage"]["output_tokens"]) == (200, 20)
+    assert response.headers["x-claude-proxy-tool-calls"] == "invalid=1;valid=1"
 
 
 def test_what_is_logged_of_an_error_carries_no_value() -> None:

@@ -30,6 +30,7 @@ from claude_proxy.conversion.reuse import Slot
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
 from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard, reask_body
 from claude_proxy.conversion.tool_schemas import OfferedTools, metric_kind
+from claude_proxy.conversion.usage import summed
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -44,7 +45,7 @@ from claude_proxy.state.store import StateStore
 from claude_proxy.upstream import llamacpp
 from claude_proxy.upstream.api import Build, api_for, api_of
 from claude_proxy.upstream.capabilities import REASONING
-from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
+from claude_proxy.upstream.client import Batches, Chunk, OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
 from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
 from claude_proxy.upstream.retry import parse_retry_after
@@ -524,14 +525,42 @@ class MessagesService:
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
                           raw: bytes | None = None, turns: Slot | None = None
-                          ) -> tuple[StreamConverter, UpstreamStream]:
+                          ) -> tuple[StreamConverter, Batches]:
         """The upstream stream, opened (errors before the first byte raise ProxyError).
-        `raw`, `turns`: as for `routed`."""
-        def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
-            return api_of(upstream).send_stream(provider.client, upstream)
+        `raw`, `turns`: as for `routed`. With TOOL_GUARD_REASK, a reply whose only content
+        is tool calls is held back to its end, and asked again if they all failed."""
+        attempt, stream = await self.routed(body, send_stream, session, raw, turns)
+        converter = self.converter(body, attempt)
+        guard = converter.guard
+        if guard is None or not guard.repairs or not self.settings_of(
+                attempt.provider).tool_guard_reask:
+            return converter, stream
+        converter.hold_reply()
+        return converter, ReaskingStream(stream, converter, partial(
+            self._reasked_stream, body, session, converter))
 
-        attempt, stream = await self.routed(body, send, session, raw, turns)
-        return self.converter(body, attempt), stream
+    async def _reasked_stream(self, body: dict[str, Any], session: str | None,
+                              converter: StreamConverter,
+                              reply: dict[str, Any]) -> UpstreamStream | None:
+        """TOOL_GUARD_REASK on a stream: the retry's stream, `converter` going on with its
+        parts; None when the held reply is not to be asked again, or the retry could not be
+        opened (the reply then goes out as it came)."""
+        record = current_record()
+        retry = reask_body(body, reply, record.tool_calls)
+        if retry is None:
+            return None
+        mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+        streamed = record.stream  # the client's (a stop-sequence request reads a stream)
+        try:
+            attempt, stream = await self.routed(retry, send_stream, session)
+        except ProxyError as error:
+            logger.warning("tool-call re-ask failed (%s): the first answer goes out",
+                           error.message)
+            return None
+        finally:
+            record.stream = streamed
+        converter.resume(self.converter(retry, attempt))
+        return stream
 
     async def create(self, body: dict[str, Any], session: str | None = None,
                      raw: bytes | None = None, turns: Slot | None = None) -> dict[str, Any]:
@@ -552,13 +581,16 @@ class MessagesService:
             attempt.provider).tool_guard_reask else None
         if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
             mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
-            attempt, answer = await self.routed(retry, send, session)
-            message, more = await self._whole(retry, attempt, answer)
-            # Both answers were paid for: the Message says so, as does the spend.
-            usage = message["usage"] = {
-                kind: value + usage.get(kind, 0) if isinstance(value, int) else value
-                for kind, value in message["usage"].items()}
-            reasoning += more
+            try:
+                attempt, answer = await self.routed(retry, send, session)
+            except ProxyError as error:
+                logger.warning("tool-call re-ask failed (%s): the first answer stands",
+                               error.message)
+            else:
+                message, more = await self._whole(retry, attempt, answer)
+                # Both answers were paid for: the Message says so, as does the spend.
+                usage = message["usage"] = summed(message["usage"], usage)
+                reasoning += more
         record.message = message
         record_usage(usage, reasoning)
         self.remember_session(session, record)
@@ -608,6 +640,66 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate, record.thread)
+
+
+def send_stream(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+    return api_of(upstream).send_stream(provider.client, upstream)
+
+
+class ReaskingStream:
+    """TOOL_GUARD_REASK on a stream: the upstream's answer, read by the converter holding
+    the reply back (`StreamConverter.hold_reply`); when that answer ended with nothing but
+    tool calls held, `ask_again` may open the retry's stream, whose answer then goes out in
+    the first one's place, through the same converter into the same message."""
+
+    def __init__(self, stream: UpstreamStream, converter: StreamConverter,
+                 ask_again: Callable[[dict[str, Any]], Awaitable[UpstreamStream | None]]
+                 ) -> None:
+        self.stream = stream
+        self.converter = converter
+        self._ask_again: Callable[[dict[str, Any]], Awaitable[UpstreamStream | None]] | None
+        self._ask_again = ask_again
+        """Until the first answer has ended."""
+
+    @property
+    def complete(self) -> bool:
+        return self.stream.complete
+
+    @property
+    def said_done(self) -> bool:
+        return self.stream.said_done and not self._may_follow()
+
+    def _may_follow(self) -> bool:
+        return self._ask_again is not None and self.converter.holds_reply
+
+    def __aiter__(self) -> ReaskingStream:
+        return self
+
+    async def __anext__(self) -> list[Chunk]:
+        if not (self.stream.said_done and self._may_follow()):
+            try:
+                return await anext(self.stream)
+            except StopAsyncIteration:
+                if not self._may_follow():
+                    raise
+        retry = await self._retry()
+        if retry is None:
+            raise StopAsyncIteration
+        await self.stream.aclose()
+        self.stream = retry
+        return await anext(retry)
+
+    async def _retry(self) -> UpstreamStream | None:
+        """The retry's stream, once, when the whole answer came (not one cut short) and it
+        held nothing but tool calls."""
+        ask_again, self._ask_again = self._ask_again, None
+        if ask_again is None or not (self.stream.complete or self.converter.saw_finish_reason):
+            return None
+        reply = self.converter.end_answer()
+        return None if reply is None else await ask_again(reply)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 def tool_call_reporter(metrics: Metrics, provider: str, model: str) -> Report:

@@ -204,6 +204,21 @@ class BlockMachine:
         self._omit_thinking = omit_thinking
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
+        self._stop_sequences = stop_sequences
+        self.restart(sign)
+        self.delta_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
+        self.event_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta` beside `delta` and `usage`
+        (`context_management`): where the SDKs read them."""
+        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
+        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
+        its `safeguard_results` (conversion/safeguards.py)."""
+
+    def restart(self, sign: Sign) -> None:
+        """The answer's state, as just after `message_start`: at the start, and again when
+        an answer of which nothing was sent is replaced by another (TOOL_GUARD_REASK on a
+        stream), whose thinking `sign` signs."""
         self._sign = sign
         self._next_index = 0
         self._open: _Block | None = None
@@ -214,18 +229,10 @@ class BlockMachine:
         self._stop_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._streamed_chars = 0
-        self._stops = StopMatcher(stop_sequences) if stop_sequences else None
+        self._stops = StopMatcher(self._stop_sequences) if self._stop_sequences else None
         self._stop_sequence: str | None = None
         self.closed = False
         """The blocks are closed: the content is complete."""
-        self.delta_fields: dict[str, Any] = {}
-        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
-        self.event_fields: dict[str, Any] = {}
-        """More fields of the final `message_delta` beside `delta` and `usage`
-        (`context_management`): where the SDKs read them."""
-        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
-        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
-        its `safeguard_results` (conversion/safeguards.py)."""
         self.stopped = False
         """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 

@@ -15,9 +15,13 @@ from typing import Any, Protocol
 from claude_proxy.conversion.blocks import BlockMachine, Event, Sign, tool_input
 from claude_proxy.conversion.deltas import Delta
 from claude_proxy.conversion.tool_guard import HOLD_PING_SECONDS, ToolGuard
+from claude_proxy.conversion.usage import summed
 from claude_proxy.errors import ProxyError
 
 __all__ = ["StreamConverter", "WireParser", "collect_message", "convert_chunks"]
+
+REPLY_HEAD: Event = {"type": "message_start", "message": {}}
+"""The head `collect_message` reads a held reply's blocks after."""
 
 
 class WireParser(Protocol):
@@ -52,12 +56,17 @@ class StreamConverter(BlockMachine):
         guard between the parser and the blocks (conversion/tool_guard.py), None when off."""
         super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
                          stop_sequences=stop_sequences, omit_thinking=omit_thinking)
+        self.sign = sign
         self.parser = parser
         self.input_tokens = input_tokens
         self.window = window
         self.guard = guard
         self._quiet_since: float | None = None
         """When the client last got nothing for a chunk while a tool call was held."""
+        self._held: list[Event] | None = None
+        """The events of a reply held back (`hold_reply`), None when nothing is."""
+        self._earlier: tuple[dict[str, Any], int] | None = None
+        """The usage and reasoning tokens of an answer another replaced (`resume`)."""
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Events for one upstream chunk. An `error` object in the stream raises ProxyError.
@@ -67,26 +76,89 @@ class StreamConverter(BlockMachine):
         deltas = self.parser.parse(chunk)
         if guard is None or not guard.engaged(deltas):
             self._quiet_since = None
-            return self.apply(deltas)
+            events = self.apply(deltas)
+            return events if self._held is None else self._holding(events)
         events = self.apply(guard.apply(deltas))
+        if self._held is not None:
+            events = self._holding(events)
         if events or not guard.holding():
             self._quiet_since = None
         elif self._quiet_since is None:
             self._quiet_since = time.monotonic()
         elif time.monotonic() - self._quiet_since >= HOLD_PING_SECONDS:
             self._quiet_since = time.monotonic()
-            events.append(self.keep_alive())
+            events.append(self.keep_alive() if self._held is None else {"type": "ping"})
         return events
 
     def close(self) -> list[Event]:
         if self.closed:
-            return []
+            return self._released()
         events = self.apply(self._flushed())
-        return events + super().close()
+        return self._released() + events + super().close()
 
     def fail(self, error: ProxyError) -> list[Event]:
         events = self.apply(self._flushed(failed=True))
-        return events + super().fail(error)
+        return self._released() + events + super().fail(error)
+
+    # ------------------------------------------------------------ TOOL_GUARD_REASK
+
+    def hold_reply(self) -> None:
+        """Hold the reply back for as long as its only content is tool calls, so that it can
+        still be asked again (TOOL_GUARD_REASK on a stream): no call's block starts early,
+        and only keep-alives go out until the answer ends (`end_answer`) or other content
+        comes (a block of text or thinking: then all that was held goes out at once)."""
+        self._held = []
+        if self.guard is not None:
+            self.guard.start_early = False
+
+    @property
+    def holds_reply(self) -> bool:
+        return self._held is not None
+
+    def _holding(self, events: list[Event]) -> list[Event]:
+        held = self._held
+        assert held is not None
+        if any(event["type"] == "content_block_start"
+               and event["content_block"]["type"] != "tool_use" for event in events):
+            self._held = None
+            return held + events
+        held.extend(events)
+        return []
+
+    def _released(self) -> list[Event]:
+        held, self._held = self._held or [], None
+        return held
+
+    def end_answer(self) -> dict[str, Any] | None:
+        """The upstream's answer ended while the reply was held: its calls are closed (still
+        held), and the reply as the client would get it (`content`, `stop_reason`) comes
+        back when tool calls are all it holds; None otherwise. What is held goes out at
+        `close`, unless `resume` replaces it."""
+        if self._held is None or self.closed:
+            return None
+        self._held += self.apply(self._flushed()) + super().close()
+        content = collect_message([REPLY_HEAD, *self._held])["content"]
+        if not content or any(block["type"] != "tool_use" for block in content):
+            return None
+        return {"content": content, "stop_reason": self.stop_reason()}
+
+    def resume(self, fresh: StreamConverter) -> None:
+        """Go on with another answer in place of the one held back (nothing of it was sent):
+        the parser, guard and signatures of `fresh` (made for its attempt), blocks from
+        index 0 again in the same message, and this answer's usage counted with it."""
+        self._earlier = (self.usage(), self.reasoning_tokens())
+        self.parser, self.guard, self.sign = fresh.parser, fresh.guard, fresh.sign
+        self.input_tokens, self.window = fresh.input_tokens, fresh.window
+        self._held, self._quiet_since = None, None
+        self.restart(fresh.sign)
+
+    def usage(self) -> dict[str, int]:
+        usage = super().usage()
+        return usage if self._earlier is None else summed(usage, self._earlier[0])
+
+    def reasoning_tokens(self) -> int:
+        earlier = 0 if self._earlier is None else self._earlier[1]
+        return super().reasoning_tokens() + earlier
 
     def _flushed(self, *, failed: bool = False) -> list[Delta]:
         deltas = self.parser.flush()

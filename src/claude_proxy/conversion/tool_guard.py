@@ -110,10 +110,13 @@ class ToolGuard:
     """One response's tool calls, collected, checked and sent (see the module)."""
 
     def __init__(self, offered: OfferedTools, report: Report, *, mode: GuardMode = "repair",
-                 max_hold: int = DEFAULT_MAX_HOLD) -> None:
+                 max_hold: int = DEFAULT_MAX_HOLD, start_early: bool = True) -> None:
+        """`start_early`: the first call's block starts when its name is offered (else when
+        it closes, as every later call's: a reply that may be asked again shows nothing)."""
         self.offered = offered
         self.report = report
         self.repairs = mode == "repair"
+        self.start_early = start_early
         self.max_hold = max_hold
         self.held: dict[int, _Held] = {}
         """The calls collected now, by key, in the order they began."""
@@ -186,8 +189,8 @@ class ToolGuard:
             held.name = held.name or piece.name
         if not self.repairs or held.streaming:
             out.append(piece)  # as it came: observed only, or past the hold limit
-        elif not held.started and held.key == self._first_key and self.offered.offers(
-                held.name):
+        elif not held.started and held.key == self._first_key and self.start_early and (
+                self.offered.offers(held.name)):
             held.started = True
             out.append(ToolCall(held.key, id=held.upstream_id, name=held.name))
         if piece.arguments and not held.streaming:
