@@ -825,11 +825,17 @@ def test_no_reask_on_a_stream_once_other_content_was_shown(
     assert len(upstream.requests) == 1
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 def test_a_reask_that_cannot_be_opened_leaves_the_first_answer(
-        reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
-    upstream.queue(streamed_call("call_bad", BAD_CALL), Reply(status=400, body={
+        stream: bool, reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    first = streamed_call("call_bad", BAD_CALL) if stream else completion({
+        "content": None, "tool_calls": [{"id": "call_bad", "type": "function", "function": {
+            "name": "Bash", "arguments": BAD_CALL}}]}, "tool_calls", USAGE)
+    upstream.queue(first, Reply(status=400, body={
         "error": {"message": "bad history", "type": "invalid_request_error"}}))
-    message = accumulate(streamed(reasking, request({"tools": ["Bash"]}, True)))
+    body = request({"tools": ["Bash"]}, stream)
+    message = accumulate(streamed(reasking, body)) if stream else httpx.post(
+        reasking.url + "/v1/messages", json=body, timeout=30).json()
     assert [(b["id"], b["input"]) for b in message["content"]] == [
         ("call_bad", json.loads(BAD_CALL))]
     assert message["usage"]["output_tokens"] == 10 and len(upstream.requests) == 2
