@@ -204,7 +204,7 @@ class BlockMachine:
         self._omit_thinking = omit_thinking
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
-        self._stop_sequences = stop_sequences
+        self._stops = StopMatcher(stop_sequences) if stop_sequences else None
         self.restart(sign)
         self.delta_fields: dict[str, Any] = {}
         """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
@@ -219,7 +219,8 @@ class BlockMachine:
         """The answer's state, as just after `message_start`: at the start, and again when
         an answer of which nothing was sent is replaced by another (TOOL_GUARD_REASK on a
         stream), whose thinking `sign` signs."""
-        self._sign = sign
+        self.sign = sign
+        """Signs its thinking blocks."""
         self._next_index = 0
         self._open: _Block | None = None
         self._held_whitespace = ""
@@ -229,7 +230,8 @@ class BlockMachine:
         self._stop_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._streamed_chars = 0
-        self._stops = StopMatcher(self._stop_sequences) if self._stop_sequences else None
+        if self._stops is not None:
+            self._stops = StopMatcher(self._stops.sequences)
         self._stop_sequence: str | None = None
         self.closed = False
         """The blocks are closed: the content is complete."""
@@ -419,7 +421,7 @@ class BlockMachine:
         if not isinstance(self._open, _ReasoningBlockState):
             self._held_whitespace = ""
             events.extend(self._close_open())
-            self._open = _ReasoningBlockState(self._take_index(), self._sign,
+            self._open = _ReasoningBlockState(self._take_index(), self.sign,
                                               omitted=self._omit_thinking)
             events.append(self._open.start())
         return self._open

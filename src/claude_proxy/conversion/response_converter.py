@@ -56,7 +56,6 @@ class StreamConverter(BlockMachine):
         guard between the parser and the blocks (conversion/tool_guard.py), None when off."""
         super().__init__(model, input_tokens=input_tokens, sign=sign, message_id=message_id,
                          stop_sequences=stop_sequences, omit_thinking=omit_thinking)
-        self.sign = sign
         self.parser = parser
         self.input_tokens = input_tokens
         self.window = window
@@ -76,18 +75,15 @@ class StreamConverter(BlockMachine):
         deltas = self.parser.parse(chunk)
         if guard is None or not guard.engaged(deltas):
             self._quiet_since = None
-            events = self.apply(deltas)
-            return events if self._held is None else self._holding(events)
+            return self.apply(deltas)
         events = self.apply(guard.apply(deltas))
-        if self._held is not None:
-            events = self._holding(events)
         if events or not guard.holding():
             self._quiet_since = None
         elif self._quiet_since is None:
             self._quiet_since = time.monotonic()
         elif time.monotonic() - self._quiet_since >= HOLD_PING_SECONDS:
             self._quiet_since = time.monotonic()
-            events.append(self.keep_alive() if self._held is None else {"type": "ping"})
+            events.append(self.keep_alive())
         return events
 
     def close(self) -> list[Event]:
@@ -110,23 +106,31 @@ class StreamConverter(BlockMachine):
         self._held = []
         if self.guard is not None:
             self.guard.start_early = False
+        # This instance's `feed` holds the events back (no test per chunk in the class's).
+        self.feed = self._feed_held  # type: ignore[method-assign]
 
     @property
     def holds_reply(self) -> bool:
         return self._held is not None
 
-    def _holding(self, events: list[Event]) -> list[Event]:
-        held = self._held
-        assert held is not None
+    def _feed_held(self, chunk: dict[str, Any]) -> list[Event]:
+        """`feed` while the reply is held: its events kept (keep-alives too: only bytes
+        would reach a client's watchdog, and the stream's comments are bytes), until one
+        begins other content than a tool call; then all go out."""
+        events = StreamConverter.feed(self, chunk)
         if any(event["type"] == "content_block_start"
                and event["content_block"]["type"] != "tool_use" for event in events):
-            self._held = None
-            return held + events
-        held.extend(events)
+            return self._released() + events
+        assert self._held is not None
+        self._held += events
         return []
 
     def _released(self) -> list[Event]:
-        held, self._held = self._held or [], None
+        """What was held back, once; `feed` is the class's again."""
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        del self.feed
         return held
 
     def end_answer(self) -> dict[str, Any] | None:
@@ -147,9 +151,10 @@ class StreamConverter(BlockMachine):
         the parser, guard and signatures of `fresh` (made for its attempt), blocks from
         index 0 again in the same message, and this answer's usage counted with it."""
         self._earlier = (self.usage(), self.reasoning_tokens())
-        self.parser, self.guard, self.sign = fresh.parser, fresh.guard, fresh.sign
+        self.parser, self.guard = fresh.parser, fresh.guard
         self.input_tokens, self.window = fresh.input_tokens, fresh.window
-        self._held, self._quiet_since = None, None
+        self._released()  # the first answer's events, never sent
+        self._quiet_since = None
         self.restart(fresh.sign)
 
     def usage(self) -> dict[str, int]:
