@@ -536,31 +536,7 @@ class MessagesService:
                 attempt.provider).tool_guard_reask:
             return converter, stream
         converter.hold_reply()
-        return converter, ReaskingStream(stream, converter, partial(
-            self._reasked_stream, body, session, converter))
-
-    async def _reasked_stream(self, body: dict[str, Any], session: str | None,
-                              converter: StreamConverter,
-                              reply: dict[str, Any]) -> UpstreamStream | None:
-        """TOOL_GUARD_REASK on a stream: the retry's stream, `converter` going on with its
-        parts; None when the held reply is not to be asked again, or the retry could not be
-        opened (the reply then goes out as it came)."""
-        record = current_record()
-        retry = reask_body(body, reply, record.tool_calls)
-        if retry is None:
-            return None
-        mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
-        streamed = record.stream  # the client's (a stop-sequence request reads a stream)
-        try:
-            attempt, stream = await self.routed(retry, send_stream, session)
-        except ProxyError as error:
-            logger.warning("tool-call re-ask failed (%s): the first answer goes out",
-                           error.message)
-            return None
-        finally:
-            record.stream = streamed
-        converter.resume(self.converter(retry, attempt))
-        return stream
+        return converter, ReaskingStream(stream, converter, self, body, session)
 
     async def create(self, body: dict[str, Any], session: str | None = None,
                      raw: bytes | None = None, turns: Slot | None = None) -> dict[str, Any]:
@@ -649,17 +625,16 @@ def send_stream(provider: Provider, upstream: UpstreamRequest) -> Awaitable[Upst
 class ReaskingStream:
     """TOOL_GUARD_REASK on a stream: the upstream's answer, read by the converter holding
     the reply back (`StreamConverter.hold_reply`); when that answer ended with nothing but
-    tool calls held, `ask_again` may open the retry's stream, whose answer then goes out in
-    the first one's place, through the same converter into the same message."""
+    tool calls held and all failed, the retry's answer goes out in its place, through the
+    same converter into the same message. A retry that cannot be opened leaves the reply."""
 
     def __init__(self, stream: UpstreamStream, converter: StreamConverter,
-                 ask_again: Callable[[dict[str, Any]], Awaitable[UpstreamStream | None]]
-                 ) -> None:
+                 service: MessagesService, body: dict[str, Any], session: str | None) -> None:
         self.stream = stream
         self.converter = converter
-        self._ask_again: Callable[[dict[str, Any]], Awaitable[UpstreamStream | None]] | None
-        self._ask_again = ask_again
+        self._service: MessagesService | None = service
         """Until the first answer has ended."""
+        self._body, self._session = body, session
 
     @property
     def complete(self) -> bool:
@@ -670,7 +645,7 @@ class ReaskingStream:
         return self.stream.said_done and not self._may_follow()
 
     def _may_follow(self) -> bool:
-        return self._ask_again is not None and self.converter.holds_reply
+        return self._service is not None and self.converter.holds_reply
 
     def __aiter__(self) -> ReaskingStream:
         return self
@@ -690,13 +665,28 @@ class ReaskingStream:
         return await anext(retry)
 
     async def _retry(self) -> UpstreamStream | None:
-        """The retry's stream, once, when the whole answer came (not one cut short) and it
-        held nothing but tool calls."""
-        ask_again, self._ask_again = self._ask_again, None
-        if ask_again is None or not (self.stream.complete or self.converter.saw_finish_reason):
+        """The retry's stream, once: when the whole answer came (not one cut short), it held
+        nothing but tool calls, and every one of them failed (`reask_body`)."""
+        service, self._service = self._service, None
+        if service is None or not (self.stream.complete or self.converter.saw_finish_reason):
             return None
         reply = self.converter.end_answer()
-        return None if reply is None else await ask_again(reply)
+        record = current_record()
+        retry = None if reply is None else reask_body(self._body, reply, record.tool_calls)
+        if retry is None:
+            return None
+        mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+        streamed = record.stream  # the client's (a stop-sequence request reads a stream)
+        try:
+            attempt, stream = await service.routed(retry, send_stream, self._session)
+        except ProxyError as error:
+            logger.warning("tool-call re-ask failed (%s): the first answer goes out",
+                           error.message)
+            return None
+        finally:
+            record.stream = streamed
+        self.converter.resume(service.converter(retry, attempt))
+        return stream
 
     async def aclose(self) -> None:
         await self.stream.aclose()
