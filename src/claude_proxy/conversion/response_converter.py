@@ -111,6 +111,7 @@ class StreamConverter(BlockMachine):
 
     @property
     def holds_reply(self) -> bool:
+        """The reply is held back still: nothing but tool calls has come."""
         return self._held is not None
 
     def _feed_held(self, chunk: dict[str, Any]) -> list[Event]:

@@ -13,10 +13,10 @@ what does not goes out as the upstream sent it, so that the client's own error r
 model. Nothing is repaired in a call cut by the output limit.
 
 The first call's block starts as soon as its name is an offered tool (Claude Code shows the
-row); later calls, and names R8 must resolve, start when they close, so that they can still be
-dropped, split or renamed. Past `max_hold` characters a call streams as it comes, unchecked.
-`observe` changes nothing and only reports what it found. Pure: the caller's `report` is
-told of every call.
+row; not while a reply is held to be asked again: `start_early`); later calls, and names R8
+must resolve, start when they close, so that they can still be dropped, split or renamed.
+Past `max_hold` characters a call streams as it comes, unchecked. `observe` changes nothing
+and only reports what it found. Pure: the caller's `report` is told of every call.
 """
 
 from __future__ import annotations
@@ -110,13 +110,13 @@ class ToolGuard:
     """One response's tool calls, collected, checked and sent (see the module)."""
 
     def __init__(self, offered: OfferedTools, report: Report, *, mode: GuardMode = "repair",
-                 max_hold: int = DEFAULT_MAX_HOLD, start_early: bool = True) -> None:
-        """`start_early`: the first call's block starts when its name is offered (else when
-        it closes, as every later call's: a reply that may be asked again shows nothing)."""
+                 max_hold: int = DEFAULT_MAX_HOLD) -> None:
         self.offered = offered
         self.report = report
         self.repairs = mode == "repair"
-        self.start_early = start_early
+        self.start_early = True
+        """The first call's block starts when its name is offered; else when it closes, as
+        every later call's (a reply held to be asked again shows nothing)."""
         self.max_hold = max_hold
         self.held: dict[int, _Held] = {}
         """The calls collected now, by key, in the order they began."""
