@@ -140,3 +140,35 @@ def test_a_call_cut_by_max_tokens_reaches_claude_code_as_it_was(
     assert "could not be parsed as JSON" in text and "echo do" in text
     tools = sent_back(upstream)[1]
     assert "could not be parsed as JSON" in tools[0]["content"]
+
+
+def test_with_reask_claude_code_gets_only_the_retrys_call(
+        binary: Path, tmp_path: Path, proxy_factory: Callable[..., ProxyServer],
+        upstream: ScriptedUpstream) -> None:
+    """TOOL_GUARD_REASK on Claude Code's stream: a Bash call with a key its schema refuses
+    (`cwd`) is held back and asked again; Claude Code sees one call, the retry's, runs it, and
+    its next request carries that call alone."""
+    proxy = proxy_factory(tool_guard_reask=True)
+    good = {"command": "echo hi-again", "description": "Print a greeting"}
+
+    def respond(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last["role"] != "tool":
+            return calls_then_answer([frame(0, json.dumps({**good, "cwd": "/tmp"}), "call_bad",
+                                            "Bash")])(body)
+        if last["tool_call_id"] == "call_bad":
+            return calls_then_answer([frame(0, json.dumps(good), "call_ok", "Bash")])(
+                {"messages": [{"role": "user"}]})
+        return text_stream(["done"])
+
+    upstream.responder = respond
+    lines = run_claude(tmp_path, proxy, "run the echo", "--allowedTools", "Bash(echo:*)",
+                       binary=binary)
+    assert [(use["id"], use["input"]) for use in blocks(lines, "tool_use")] == [
+        ("call_ok", good)]
+    (result,) = tool_results(lines)
+    assert not result.get("is_error") and result["content"] == "hi-again"
+    assert len(upstream.requests) == 3
+    history = upstream.requests[2]["messages"]
+    assert [call["id"] for message in history for call in message.get("tool_calls") or []] == [
+        "call_ok"]

@@ -52,7 +52,10 @@ OTHER_PROGRAMS = {"CLAUDE_CODE_EFFORT_LEVEL": "Claude Code", "BUILDAH_FORMAT": "
                   "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "Claude Code",
                   "OLLAMA_CONTEXT_LENGTH": "Ollama",
                   "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "Claude Code",
-                  "DISABLE_TELEMETRY": "Claude Code"}
+                  "DISABLE_TELEMETRY": "Claude Code",
+                  **{name: "Claude Code" for name in (  # its idle watchdogs
+                      "CLAUDE_STREAM_IDLE_TIMEOUT_MS", "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS",
+                      "CLAUDE_ENABLE_BYTE_WATCHDOG", "CLAUDE_ENABLE_STREAM_WATCHDOG")}}
 USER_CHOSEN = {"KIMI_API_KEY", "DEEPSEEK_API_KEY", "OPENROUTER_API_KEY", "DEEPSEEK_CHAT",
                "ALICE_PROXY_KEY", "LANGFUSE_AUTH"}
 """Names the reader chooses (a secret read with `env:NAME`, a tool-group NAME)."""

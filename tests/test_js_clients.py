@@ -176,6 +176,46 @@ def test_python_parse_returns_the_object(proxy: ProxyServer,
         "population": {"type": "integer", "title": "Population"}}
 
 
+# ------------------------------------------------------------------ a call that is no JSON
+
+CUT_CALL = {"id": "call_cut", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Par'}}
+"""A call cut by the output limit: never completed, so its text is no JSON object."""
+
+
+def cut_call() -> Reply:
+    return completion({"content": None, "tool_calls": [CUT_CALL]}, finish="length")
+
+
+def test_python_sdk_gives_a_cut_call_as_its_text(proxy: ProxyServer,
+                                                 upstream: ScriptedUpstream) -> None:
+    """A whole Message carries such a call's text as its `input` (docs/tool-calls.md), never
+    `{}`: the Python SDK hands it over as it is."""
+    upstream.queue(cut_call())
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-python", max_retries=0)
+    message = client.messages.create(model="claude-sonnet-4-6", max_tokens=200, messages=[
+        {"role": "user", "content": "weather in Paris?"}], tools=[{
+            "name": "get_weather", "description": "Weather", "input_schema": {
+                "type": "object", "properties": {"city": {"type": "string"}}}}])
+    (call,) = message.content
+    assert call.type == "tool_use" and call.input == '{"city": "Par'
+    assert message.stop_reason == "max_tokens"
+
+
+@js_clients
+def test_ts_sdk_gives_a_cut_call_as_its_text_and_sends_it_back(
+        proxy: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """The TypeScript SDK takes the text as the `input`, and the call it sends back reaches
+    the upstream as the model wrote it."""
+    upstream.queue(cut_call(), completion({"content": ANSWER}))
+    result = run_client(proxy, "ts-create-and-answer")
+    assert result["message"]["content"] == [
+        {"type": "tool_use", "id": "call_cut", "name": "get_weather", "input": '{"city": "Par'}]
+    assert result["answer"]["content"] == [{"type": "text", "text": ANSWER}]
+    history = upstream.requests[1]["messages"]
+    assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Par'
+
+
 # ------------------------------------------------------------------ Vercel AI SDK
 
 

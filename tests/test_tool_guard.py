@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,14 @@ from opentelemetry.trace import SpanKind
 
 from claude_proxy.config.settings import GuardMode
 from claude_proxy.conversion import response_converter
+from claude_proxy.conversion.deltas import Delta, Finish, ToolCall
 from claude_proxy.conversion.response_converter import StreamConverter
 from claude_proxy.conversion.tool_guard import CallReport, ToolGuard
 from claude_proxy.conversion.tool_schemas import OfferedTools
 from claude_proxy.upstream.chat_completions import ChatCompletionsParser
 from tests.conftest import ProxyServer
 from tests.scripted_upstream import Reply, ScriptedUpstream, chunk, completion
+from tests.sse_grammar import Event, accumulate, check_grammar, parse_sse
 from tests.test_telemetry import Traced, by_kind, traced  # noqa: F401 (a fixture)
 
 DATA = json.loads((Path(__file__).parent / "data" / "tool-calls" / "shapes.json").read_text())
@@ -226,11 +229,23 @@ def test_a_recorded_shape_not_streamed(case: dict[str, Any], api: str,
                           timeout=30)
     assert response.status_code == 200, response.text
     uses = [block for block in response.json()["content"] if block["type"] == "tool_use"]
-    # A whole Message carries each input as an object: one that is not JSON cannot be sent
-    # as it came, and is `{}` there (a streaming client gets the bytes; docs/tool-calls.md).
+    # The object a streaming client's text is; any other text as it came, a string (never
+    # `{}` in its place: docs/tool-calls.md).
     assert [(use["name"], use["input"]) for use in uses] == [
-        (call["name"], json.loads(call["arguments"]) if parses(call["arguments"]) else {})
-        for call in case["expected"]]
+        (call["name"], whole_input(call["arguments"])) for call in case["expected"]]
+    assert any(isinstance(use["input"], str) for use in uses) == (case["name"] in RAW_INPUT)
+    counts = Counter(case["outcomes"])
+    assert response.headers["x-claude-proxy-tool-calls"] == ";".join(
+        f"{outcome}={counts[outcome]}" for outcome in dict.fromkeys(case["outcomes"]))
+
+
+def whole_input(arguments: str) -> Any:
+    value = json.loads(arguments) if parses(arguments) else arguments
+    return value if isinstance(value, dict) else arguments
+
+
+RAW_INPUT = {"A3-collapsed-one-invalid", "B3-cut-by-max-tokens", "B3-ends-inside-a-string"}
+"""The shapes whose call goes out as text that is no JSON object."""
 
 
 # ------------------------------------------------------------------ the guard on its own
@@ -569,26 +584,50 @@ def test_past_the_hold_limit_a_call_streams_as_it_comes() -> None:
     assert [report.outcome for report in reports] == ["overflow"]
 
 
-def test_a_ping_while_a_call_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing goes out while the arguments are held; after HOLD_PING_SECONDS of that, a
-    `ping` event (a fake clock: no test waits)."""
+class GivenDeltas:
+    """A parser whose chunks are the deltas themselves (`{"deltas": [...]}`)."""
+
+    def parse(self, chunk: dict[str, Any]) -> list[Delta]:
+        deltas: list[Delta] = chunk["deltas"]
+        return deltas
+
+    def flush(self) -> list[Delta]:
+        return []
+
+
+def test_a_keep_alive_while_a_call_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing goes out while the arguments are held; after HOLD_PING_SECONDS of that, an
+    event that adds nothing (a fake clock: no test waits). On the held call's open block an
+    empty input_json_delta, which Claude Code's idle watchdog counts (its SDK drops a
+    `ping`); a `ping` while no block is open (a later call, held before its start)."""
     now = [1000.0]
     monkeypatch.setattr(response_converter.time, "monotonic", lambda: now[0])
     guard = ToolGuard(OfferedTools.of_request({"tools": TOOLS}), lambda report: None)
-    converter = StreamConverter("m", input_tokens=1, sign=unsigned,
-                                parser=ChatCompletionsParser(), guard=guard)
-    converter.start()
-    first = converter.feed(chunk({"tool_calls": frames_of([("c", "Bash", ['{"command": "'])])}))
+    converter = StreamConverter("m", input_tokens=1, sign=unsigned, parser=GivenDeltas(),
+                                guard=guard)
+    events = converter.start()
+
+    def held_for(seconds: int, piece: ToolCall) -> list[dict[str, Any]]:
+        quiet = []
+        for _ in range(seconds):
+            now[0] += 1.0
+            quiet += converter.feed({"deltas": [piece]})
+        return quiet
+
+    first = converter.feed({"deltas": [ToolCall(0, "a", "Bash", '{"command": "')]})
     assert [event["type"] for event in first] == ["content_block_start"]
-    pings = []
-    for _ in range(40):
-        now[0] += 1.0
-        pings += [e["type"] for e in converter.feed(chunk({"tool_calls": [
-            {"index": 0, "function": {"arguments": "x"}}]}))]
-    assert pings == ["ping", "ping"]  # 40 s held: one each 15 s
+    quiet = held_for(40, ToolCall(0, arguments="x"))  # one each 15 s
+    assert quiet == [{"type": "content_block_delta", "index": 0, "delta": {
+        "type": "input_json_delta", "partial_json": ""}}] * 2
+    closed = converter.feed({"deltas": [ToolCall(0, arguments='"}', last=True),
+                                        ToolCall(1, "b", "Bash", '{"command": "')]})
+    assert [event["type"] for event in closed] == ["content_block_delta", "content_block_stop"]
+    assert held_for(20, ToolCall(1, arguments="y")) == [{"type": "ping"}]
     now[0] += 100
-    done = converter.feed(chunk({}, "tool_calls"))
+    done = converter.feed({"deltas": [Finish("tool_use")]})
     assert "ping" not in [event["type"] for event in done]
+    assert client_calls(events + first + quiet + closed + done + converter.finish()) == [
+        ("Bash", '{"command": "' + "x" * 40 + '"}'), ("Bash", '{"command": "' + "y" * 20)]
 
 
 # ------------------------------------------------------------------ what is said of it
@@ -624,6 +663,15 @@ def test_a_repair_is_logged_counted_and_kept_for_the_inspector(
         ("Bash", "repaired", broken, ['{"command":"ls","timeout":5}']),
         ("Bash\nforged line", "unchecked", '{"command": "x"}', [])]
     assert view["row"]["tool_calls"] == {"repaired": 1, "unchecked": 1}
+
+
+def test_a_whole_answer_without_a_call_has_no_tool_call_header(
+        proxies: dict[str, ProxyServer], upstream: ScriptedUpstream) -> None:
+    upstream.queue(completion({"content": "No call."}))
+    response = httpx.post(proxies["chat"].url + "/v1/messages",
+                          json=request({"tools": ["Bash"]}, False), timeout=30)
+    assert response.json()["content"] == [{"type": "text", "text": "No call."}]
+    assert "x-claude-proxy-tool-calls" not in response.headers
 
 
 def test_the_guard_is_set_per_provider_and_watches_only_for_anthropic() -> None:
@@ -688,6 +736,7 @@ def test_reask_gives_a_whole_reply_one_more_chance(proxy_factory: Callable[..., 
     assert [(b["id"], b["input"]) for b in message["content"] if b["type"] == "tool_use"] == [
         ("call_ok", {"command": "cd /tmp && ls"})]
     assert (message["usage"]["input_tokens"], message["usage"]["output_tokens"]) == (200, 20)
+    assert response.headers["x-claude-proxy-tool-calls"] == "invalid=1;valid=1"
     again = upstream.requests[1]["messages"]
     assert again[-2]["tool_calls"][0]["id"] == "call_bad"
     assert again[-1]["role"] == "tool" and again[-1]["tool_call_id"] == "call_bad"
@@ -711,6 +760,98 @@ def test_no_reask_by_default_nor_for_a_cut_call(proxy_factory: Callable[..., Pro
         response = httpx.post(proxy.url + "/v1/messages",
                               json=request({"tools": ["Bash"]}, False), timeout=30)
         assert response.status_code == 200 and len(upstream.requests) == 1
+
+
+BAD_CALL = '{"command": "ls", "cwd": "/tmp"}'
+GOOD_CALL = '{"command": "cd /tmp && ls"}'
+USAGE = {"prompt_tokens": 100, "completion_tokens": 10}
+
+
+def streamed_call(call_id: str, arguments: str, *before: dict[str, Any]) -> Reply:
+    """A streamed Bash call (after the deltas `before`: thinking, text), its usage last."""
+    return Reply(events=[chunk({"role": "assistant", "content": ""}),
+                         *(chunk(delta) for delta in before),
+                         chunk({"tool_calls": frames_of([(call_id, "Bash", [arguments])])}),
+                         chunk({}, "tool_calls"), chunk(None, None, USAGE)])
+
+
+@pytest.fixture(scope="module")
+def reasking(proxy_factory: Callable[..., ProxyServer]) -> ProxyServer:
+    return proxy_factory(tool_guard_reask=True)
+
+
+def streamed(proxy: ProxyServer, body: dict[str, Any]) -> list[Event]:
+    response = httpx.post(proxy.url + "/v1/messages", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    events = parse_sse(response.content)
+    check_grammar(events)
+    return events
+
+
+def test_reask_on_a_stream_sends_the_retrys_answer_in_the_first_ones_place(
+        reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """TOOL_GUARD_REASK, streamed: a reply whose only content is a call that failed is held
+    back to its end, then asked again; the client gets one message, the retry's call at
+    index 0, and both answers' usage."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL), streamed_call("call_ok", GOOD_CALL))
+    events = streamed(reasking, request({"tools": ["Bash"]}, True))
+    assert [(e.name, e.data.get("index")) for e in events if e.name != "ping"] == [
+        ("message_start", None), ("content_block_start", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("message_delta", None), ("message_stop", None)]
+    message = accumulate(events)
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_ok", {"command": "cd /tmp && ls"})]
+    assert (message["stop_reason"], message["usage"]["input_tokens"],
+            message["usage"]["output_tokens"]) == ("tool_use", 200, 20)
+    again = upstream.requests[1]["messages"]
+    assert json.loads(again[-2]["tool_calls"][0]["function"]["arguments"]) == json.loads(
+        BAD_CALL)
+    assert again[-1]["tool_call_id"] == "call_bad" and again[-1]["content"].startswith(
+        "Error: <tool_use_error>InputValidationError: Bash failed due to the following issue")
+    assert upstream.requests[1]["stream"] is True and len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize("before", [{"reasoning_content": "Listing."}, {"content": "Sure."}],
+                         ids=["thinking", "text"])
+def test_no_reask_on_a_stream_once_other_content_was_shown(
+        before: dict[str, Any], reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    """Thinking or text before the call goes out as it comes (a retry could not take it
+    back), and the reply with it: its call as it came, not asked again."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL, before))
+    message = accumulate(streamed(reasking, request({"tools": ["Bash"]}, True)))
+    assert [block["type"] for block in message["content"]] == [
+        "thinking" if "reasoning_content" in before else "text", "tool_use"]
+    assert message["content"][1]["input"] == json.loads(BAD_CALL)
+    assert len(upstream.requests) == 1
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_reask_that_cannot_be_opened_leaves_the_first_answer(
+        stream: bool, reasking: ProxyServer, upstream: ScriptedUpstream) -> None:
+    first = streamed_call("call_bad", BAD_CALL) if stream else completion({
+        "content": None, "tool_calls": [{"id": "call_bad", "type": "function", "function": {
+            "name": "Bash", "arguments": BAD_CALL}}]}, "tool_calls", USAGE)
+    upstream.queue(first, Reply(status=400, body={
+        "error": {"message": "bad history", "type": "invalid_request_error"}}))
+    body = request({"tools": ["Bash"]}, stream)
+    message = accumulate(streamed(reasking, body)) if stream else httpx.post(
+        reasking.url + "/v1/messages", json=body, timeout=30).json()
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_bad", json.loads(BAD_CALL))]
+    assert message["usage"]["output_tokens"] == 10 and len(upstream.requests) == 2
+
+
+def test_reask_through_the_stop_sequence_path(reasking: ProxyServer,
+                                              upstream: ScriptedUpstream) -> None:
+    """A whole answer with stop sequences is read from an upstream stream: re-asked there."""
+    upstream.queue(streamed_call("call_bad", BAD_CALL), streamed_call("call_ok", GOOD_CALL))
+    body = {**request({"tools": ["Bash"]}, False), "stop_sequences": ["STOP"]}
+    response = httpx.post(reasking.url + "/v1/messages", json=body, timeout=30)
+    message = response.json()
+    assert [(b["id"], b["input"]) for b in message["content"]] == [
+        ("call_ok", {"command": "cd /tmp && ls"})]
+    assert (message["usage"]["input_tokens"], message["usage"]["output_tokens"]) == (200, 20)
+    assert response.headers["x-claude-proxy-tool-calls"] == "invalid=1;valid=1"
 
 
 def test_what_is_logged_of_an_error_carries_no_value() -> None:

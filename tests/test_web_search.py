@@ -472,6 +472,26 @@ def test_model_driven_search_with_max_uses(proxy_factory: Callable[..., ProxySer
                                      "content": "Web search error: max_uses_exceeded"}
 
 
+def test_a_search_call_that_is_no_json_is_an_invalid_input(
+        proxy_factory: Callable[..., ProxyServer], upstream: ScriptedUpstream,
+        search_backend: SearchBackendServer) -> None:
+    """The model's web_search call whose arguments are no JSON object (its input is their
+    text: docs/tool-calls.md) is an `invalid_tool_input`, never searched."""
+    proxy = search_proxy(proxy_factory, search_backend)
+    upstream.queue(completion({"content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "web_search", "arguments": '{"query": "rust 1.9'}}]},
+        "tool_calls"), completion({"content": SUMMARY}))
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 1024,
+            "messages": [{"role": "user", "content": "What changed in the latest Rust?"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    message = create_message(proxy, body)
+    assert search_error(message) == "invalid_tool_input"
+    assert search_backend.requests == []
+    assert upstream.requests[1]["messages"][-1]["content"] == (
+        "Web search error: invalid_tool_input")
+
+
 def test_client_tool_calls_end_the_turn(proxy_factory: Callable[..., ProxyServer],
                                         upstream: ScriptedUpstream,
                                         search_backend: SearchBackendServer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field, replace
@@ -132,6 +133,11 @@ class RequestRecord:
     """The start of an error response's body (status >= 400)."""
     trace: RequestTrace | None = None
     """Its OpenTelemetry trace, None unless OpenTelemetry is configured (`telemetry/`)."""
+
+    def tool_outcomes(self) -> dict[str, int]:
+        """The answer's tool calls by what the guard found of them (docs/tool-calls.md), in
+        the order the outcomes first came."""
+        return dict(Counter(call["outcome"] for call in self.tool_calls))
 
     def release_parsed(self) -> None:
         """Let go of the parsed bodies that have their bytes here, once a stream's answer has

@@ -30,6 +30,7 @@ from claude_proxy.conversion.reuse import Slot
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner, restore_hidden_thinking
 from claude_proxy.conversion.tool_guard import CallReport, Report, ToolGuard, reask_body
 from claude_proxy.conversion.tool_schemas import OfferedTools, metric_kind
+from claude_proxy.conversion.usage import summed
 from claude_proxy.errors import ProxyError
 from claude_proxy.keys.ring import KeyRing
 from claude_proxy.metrics import Metrics
@@ -44,7 +45,7 @@ from claude_proxy.state.store import StateStore
 from claude_proxy.upstream import llamacpp
 from claude_proxy.upstream.api import Build, api_for, api_of
 from claude_proxy.upstream.capabilities import REASONING
-from claude_proxy.upstream.client import OpenAIClient, UpstreamStream
+from claude_proxy.upstream.client import Batches, Chunk, OpenAIClient, UpstreamStream
 from claude_proxy.upstream.misconfigured import MisconfiguredUpstream
 from claude_proxy.upstream.overflow import ContextOverflow, context_overflow
 from claude_proxy.upstream.retry import parse_retry_after
@@ -535,14 +536,18 @@ class MessagesService:
 
     async def open_stream(self, body: dict[str, Any], session: str | None = None,
                           raw: bytes | None = None, turns: Slot | None = None
-                          ) -> tuple[StreamConverter, UpstreamStream]:
+                          ) -> tuple[StreamConverter, Batches]:
         """The upstream stream, opened (errors before the first byte raise ProxyError).
-        `raw`, `turns`: as for `routed`."""
-        def send(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
-            return api_of(upstream).send_stream(provider.client, upstream)
-
-        attempt, stream = await self.routed(body, send, session, raw, turns)
-        return self.converter(body, attempt), stream
+        `raw`, `turns`: as for `routed`. With TOOL_GUARD_REASK, a reply whose only content
+        is tool calls is held back to its end, and asked again if they all failed."""
+        attempt, stream = await self.routed(body, send_stream, session, raw, turns)
+        converter = self.converter(body, attempt)
+        guard = converter.guard
+        if guard is None or not guard.repairs or not self.settings_of(
+                attempt.provider).tool_guard_reask:
+            return converter, stream
+        converter.hold_reply()
+        return converter, ReaskingStream(stream, converter, self, body, session)
 
     async def create(self, body: dict[str, Any], session: str | None = None,
                      raw: bytes | None = None, turns: Slot | None = None) -> dict[str, Any]:
@@ -563,13 +568,16 @@ class MessagesService:
             attempt.provider).tool_guard_reask else None
         if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
             mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
-            attempt, answer = await self.routed(retry, send, session)
-            message, more = await self._whole(retry, attempt, answer)
-            # Both answers were paid for: the Message says so, as does the spend.
-            usage = message["usage"] = {
-                kind: value + usage.get(kind, 0) if isinstance(value, int) else value
-                for kind, value in message["usage"].items()}
-            reasoning += more
+            try:
+                attempt, answer = await self.routed(retry, send, session)
+            except ProxyError as error:
+                logger.warning("tool-call re-ask failed (%s): the first answer stands",
+                               error.message)
+            else:
+                message, more = await self._whole(retry, attempt, answer)
+                # Both answers were paid for: the Message says so, as does the spend.
+                usage = message["usage"] = summed(message["usage"], usage)
+                reasoning += more
         record.message = message
         record_usage(usage, reasoning)
         self.remember_session(session, record)
@@ -619,6 +627,80 @@ class MessagesService:
         self.sessions.remember(session, reported)
         calibration.remember(self.store, session, record.provider, record.upstream_model,
                              reported, record.input_estimate, record.thread)
+
+
+def send_stream(provider: Provider, upstream: UpstreamRequest) -> Awaitable[UpstreamStream]:
+    return api_of(upstream).send_stream(provider.client, upstream)
+
+
+class ReaskingStream:
+    """TOOL_GUARD_REASK on a stream: the upstream's answer, read by the converter holding
+    the reply back (`StreamConverter.hold_reply`); when that answer ended with nothing but
+    tool calls held and all failed, the retry's answer goes out in its place, through the
+    same converter into the same message. A retry that cannot be opened leaves the reply."""
+
+    def __init__(self, stream: UpstreamStream, converter: StreamConverter,
+                 service: MessagesService, body: dict[str, Any], session: str | None) -> None:
+        self.stream = stream
+        self.converter = converter
+        self._service: MessagesService | None = service
+        """Until the first answer has ended."""
+        self._body, self._session = body, session
+
+    @property
+    def complete(self) -> bool:
+        return self.stream.complete
+
+    @property
+    def said_done(self) -> bool:
+        return self.stream.said_done and not self._may_follow()
+
+    def _may_follow(self) -> bool:
+        return self._service is not None and self.converter.holds_reply
+
+    def __aiter__(self) -> ReaskingStream:
+        return self
+
+    async def __anext__(self) -> list[Chunk]:
+        if not (self.stream.said_done and self._may_follow()):
+            try:
+                return await anext(self.stream)
+            except StopAsyncIteration:
+                if not self._may_follow():
+                    raise
+        retry = await self._retry()
+        if retry is None:
+            raise StopAsyncIteration
+        await self.stream.aclose()
+        self.stream = retry
+        return await anext(retry)
+
+    async def _retry(self) -> UpstreamStream | None:
+        """The retry's stream, once: when the whole answer came (not one cut short), it held
+        nothing but tool calls, and every one of them failed (`reask_body`)."""
+        service, self._service = self._service, None
+        if service is None or not (self.stream.complete or self.converter.saw_finish_reason):
+            return None
+        reply = self.converter.end_answer()
+        record = current_record()
+        retry = None if reply is None else reask_body(self._body, reply, record.tool_calls)
+        if retry is None:
+            return None
+        mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
+        streamed = record.stream  # the client's (a stop-sequence request reads a stream)
+        try:
+            attempt, stream = await service.routed(retry, send_stream, self._session)
+        except ProxyError as error:
+            logger.warning("tool-call re-ask failed (%s): the first answer goes out",
+                           error.message)
+            return None
+        finally:
+            record.stream = streamed
+        self.converter.resume(service.converter(retry, attempt))
+        return stream
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 def tool_call_reporter(metrics: Metrics, provider: str, model: str) -> Report:

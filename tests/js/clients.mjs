@@ -40,6 +40,25 @@ const scenarios = {
     return { message, events };
   },
 
+  // TypeScript SDK: a whole Message with a tool call, then the call sent back with its
+  // result (the call's input as the Message gave it).
+  async 'ts-create-and-answer'() {
+    const client = sdk();
+    const tools = [{ name: 'get_weather', description: 'Weather', input_schema: weatherSchema }];
+    const question = { role: 'user', content: 'weather in Paris?' };
+    const message = await client.messages.create({
+      model, max_tokens: 200, tools, messages: [question],
+    });
+    const call = message.content.find((block) => block.type === 'tool_use');
+    const answer = await client.messages.create({
+      model, max_tokens: 200, tools, messages: [
+        question, { role: 'assistant', content: message.content },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: call.id,
+                                    content: 'bad input', is_error: true }] }],
+    });
+    return { message, answer };
+  },
+
   // TypeScript SDK: messages.parse() with a zod schema (output_config.format).
   async 'ts-parse'() {
     const message = await sdk().messages.parse({

@@ -140,6 +140,22 @@ class _ToolCall:
         return True
 
 
+def tool_input(arguments: str) -> Any:
+    """A tool call's `input` in a whole Message, from the text its `input_json` deltas carry:
+    the object that text is; `{}` for no text at all (what the stream sends then); any other
+    text (not JSON, or JSON but no object) as it came, a string. Claude Code reads a string
+    `input` as it reads a streamed call's text, so its own precise error ("could not be parsed
+    as JSON") reaches the model, where `{}` would tell it of a missing parameter instead
+    (docs/tool-calls.md)."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
 class _ToolBlockState:
     kind = "tool"
 
@@ -188,7 +204,23 @@ class BlockMachine:
         self._omit_thinking = omit_thinking
         self.message_id = message_id or new_message_id()
         self._input_estimate = input_tokens
-        self._sign = sign
+        self._stops = StopMatcher(stop_sequences) if stop_sequences else None
+        self.restart(sign)
+        self.delta_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
+        self.event_fields: dict[str, Any] = {}
+        """More fields of the final `message_delta` beside `delta` and `usage`
+        (`context_management`): where the SDKs read them."""
+        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
+        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
+        its `safeguard_results` (conversion/safeguards.py)."""
+
+    def restart(self, sign: Sign) -> None:
+        """The answer's state, as just after `message_start`: at the start, and again when
+        an answer of which nothing was sent is replaced by another (TOOL_GUARD_REASK on a
+        stream), whose thinking `sign` signs."""
+        self.sign = sign
+        """Signs its thinking blocks."""
         self._next_index = 0
         self._open: _Block | None = None
         self._held_whitespace = ""
@@ -198,18 +230,11 @@ class BlockMachine:
         self._stop_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._streamed_chars = 0
-        self._stops = StopMatcher(stop_sequences) if stop_sequences else None
+        if self._stops is not None:
+            self._stops = StopMatcher(self._stops.sequences)
         self._stop_sequence: str | None = None
         self.closed = False
         """The blocks are closed: the content is complete."""
-        self.delta_fields: dict[str, Any] = {}
-        """More fields of the final `message_delta`'s `delta` (`safeguard_results`)."""
-        self.event_fields: dict[str, Any] = {}
-        """More fields of the final `message_delta` beside `delta` and `usage`
-        (`context_management`): where the SDKs read them."""
-        self.judge: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]] | None = None
-        """Judges the reply's tool calls once they are complete (`settle`): the `status` of
-        its `safeguard_results` (conversion/safeguards.py)."""
         self.stopped = False
         """A stop sequence matched: the answer is complete, the upstream may be cancelled."""
 
@@ -284,12 +309,19 @@ class BlockMachine:
         for call in self._calls.values():
             if not call.anthropic_id:
                 continue
-            try:
-                arguments = orjson.loads(call.arguments() or "{}")
-            except orjson.JSONDecodeError:
-                arguments = call.arguments()
-            uses.append({"id": call.anthropic_id, "name": call.name, "input": arguments})
+            uses.append({"id": call.anthropic_id, "name": call.name,
+                         "input": tool_input(call.arguments())})
         return uses
+
+    def keep_alive(self) -> Event:
+        """An event that adds nothing, for a client's idle watchdog while content is held
+        back: an empty `input_json_delta` on an open tool_use block (Anthropic's own streams
+        begin each call with one), which Claude Code counts as an event; else a `ping`, which
+        its SDK drops before any watchdog sees it (docs/tool-calls.md)."""
+        if isinstance(self._open, _ToolBlockState):
+            return _block_delta(self._open.index, {"type": "input_json_delta",
+                                                   "partial_json": ""})
+        return {"type": "ping"}
 
     def fail(self, error: ProxyError) -> list[Event]:
         """Close every open block, then one `error` event (the stream then ends)."""
@@ -389,7 +421,7 @@ class BlockMachine:
         if not isinstance(self._open, _ReasoningBlockState):
             self._held_whitespace = ""
             events.extend(self._close_open())
-            self._open = _ReasoningBlockState(self._take_index(), self._sign,
+            self._open = _ReasoningBlockState(self._take_index(), self.sign,
                                               omitted=self._omit_thinking)
             events.append(self._open.start())
         return self._open

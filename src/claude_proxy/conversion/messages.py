@@ -376,13 +376,17 @@ def _assistant_parts_turn(content: list[Any], keep_parts: bool) -> AssistantTurn
 
 
 def tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    """A tool_use block as the upstream's call. A string `input` is the text of a call that
+    was no JSON object, as the proxy gave it in a whole Message: it goes back as it was
+    written, not quoted as a JSON string."""
     arguments = block.get("input")
     return {
         "id": to_upstream_id(str(block.get("id", ""))),
         "type": "function",
         "function": {
             "name": str(block.get("name", "")),
-            "arguments": orjson.dumps(arguments if arguments is not None else {}).decode(),
+            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(
+                arguments if arguments is not None else {}).decode(),
         },
     }
 

@@ -209,9 +209,9 @@ TOOL_RESULT_CONTENT = {"text": TEXT, "image": IMAGE, "search_result": SEARCH_RES
                        "document": DOCUMENT, "tool_reference": TOOL_REFERENCE}
 
 
-def _call(**fields: Shape) -> Obj:
+def _call(input: Shape = OBJECT, **fields: Shape) -> Obj:
     """A tool call block: its id, name and input object."""
-    return Obj(id=STRING, name=STRING, input=OBJECT, cache_control=CACHE_CONTROL,
+    return Obj(id=STRING, name=STRING, input=input, cache_control=CACHE_CONTROL,
                caller=CALLER, **fields)
 
 
@@ -231,7 +231,9 @@ SERVER_RESULT = _server_result(OBJECT)
 
 BLOCKS: dict[str, Obj] = {
     **TOOL_RESULT_CONTENT,
-    "tool_use": _call(toolset_name=nullable(STRING)),
+    # A string input too: the proxy's own answer where a model's call was not JSON (the text
+    # as it came, docs/tool-calls.md), which a client sends back as it got it.
+    "tool_use": _call(input=either(OBJECT, STRING), toolset_name=nullable(STRING)),
     "tool_result": Obj(tool_use_id=STRING, is_error=BOOLEAN, cache_control=CACHE_CONTROL,
                        content=either(STRING, blocks(TOOL_RESULT_CONTENT)),
                        toolset_name=nullable(STRING)),

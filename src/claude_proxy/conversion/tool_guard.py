@@ -13,10 +13,10 @@ what does not goes out as the upstream sent it, so that the client's own error r
 model. Nothing is repaired in a call cut by the output limit.
 
 The first call's block starts as soon as its name is an offered tool (Claude Code shows the
-row); later calls, and names R8 must resolve, start when they close, so that they can still be
-dropped, split or renamed. Past `max_hold` characters a call streams as it comes, unchecked.
-`observe` changes nothing and only reports what it found. Pure: the caller's `report` is
-told of every call.
+row; not while a reply is held to be asked again: `start_early`); later calls, and names R8
+must resolve, start when they close, so that they can still be dropped, split or renamed.
+Past `max_hold` characters a call streams as it comes, unchecked. `observe` changes nothing
+and only reports what it found. Pure: the caller's `report` is told of every call.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from claude_proxy.conversion.tool_schemas import Check, OfferedTools
 logger = logging.getLogger("claude_proxy.conversion")
 
 HOLD_PING_SECONDS = 15.0
-"""While a call is held and the upstream keeps sending, a `ping` event goes out this often
-(the stream's own `: ping` comment covers an upstream gone quiet)."""
+"""While a call is held and the upstream keeps sending, an event that adds nothing goes out
+this often (`BlockMachine.keep_alive`; the stream's own `: ping` comment covers an upstream
+gone quiet: docs/tool-calls.md)."""
 DEFAULT_MAX_HOLD = 4 * 1024 * 1024
 
 
@@ -113,6 +114,9 @@ class ToolGuard:
         self.offered = offered
         self.report = report
         self.repairs = mode == "repair"
+        self.start_early = True
+        """The first call's block starts when its name is offered; else when it closes, as
+        every later call's (a reply held to be asked again shows nothing)."""
         self.max_hold = max_hold
         self.held: dict[int, _Held] = {}
         """The calls collected now, by key, in the order they began."""
@@ -185,8 +189,8 @@ class ToolGuard:
             held.name = held.name or piece.name
         if not self.repairs or held.streaming:
             out.append(piece)  # as it came: observed only, or past the hold limit
-        elif not held.started and held.key == self._first_key and self.offered.offers(
-                held.name):
+        elif not held.started and held.key == self._first_key and self.start_early and (
+                self.offered.offers(held.name)):
             held.started = True
             out.append(ToolCall(held.key, id=held.upstream_id, name=held.name))
         if piece.arguments and not held.streaming:

@@ -85,3 +85,10 @@ def anthropic_usage(usage: dict[str, Any]) -> dict[str, int]:
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": read,
     }
+
+
+def summed(usage: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """An answer's Anthropic usage with an earlier answer's added, count by count (what the
+    client is told it paid for when one answer replaced another: TOOL_GUARD_REASK)."""
+    return {kind: value + earlier.get(kind, 0) if isinstance(value, int) else value
+            for kind, value in usage.items()}

@@ -35,8 +35,9 @@ def block_events(index: int, block: Block) -> list[Event]:
     kind = block["type"]
     if kind in ("server_tool_use", "tool_use"):
         start: Block = {**block, "input": {}}
-        deltas = [{"type": "input_json_delta",
-                   "partial_json": orjson.dumps(block.get("input") or {}).decode()}]
+        given = block.get("input")  # a string: the text of a call that is no JSON object
+        text = given if isinstance(given, str) else orjson.dumps(given or {}).decode()
+        deltas = [{"type": "input_json_delta", "partial_json": text}]
     elif kind == "text":
         start = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []

@@ -95,6 +95,18 @@ def json_response(content: Any, status: int = 200,
                     media_type="application/json")
 
 
+TOOL_CALLS_HEADER = "x-claude-proxy-tool-calls"
+
+
+def message_response(message: dict[str, Any]) -> Response:
+    """A whole Message; with what the tool-call guard found of the calls it checked for it
+    (`valid=1;repaired=2`, docs/tool-calls.md), when it checked any. A stream has no such
+    header: its head goes out before any call exists."""
+    outcomes = current_record().tool_outcomes()
+    summary = ";".join(f"{outcome}={count}" for outcome, count in outcomes.items())
+    return json_response(message, headers={TOOL_CALLS_HEADER: summary} if summary else None)
+
+
 def error_response(error: ProxyError) -> Response:
     return json_response(error.body(), error.status, error.headers)
 
@@ -222,8 +234,8 @@ async def messages(request: Request) -> Response:
 
         return EventStream(relay_events(converter, stream, deadline, wired.metrics, wired.drain),
                            finish)
-    return json_response(await before_first_byte(request, service.create(body, session, raw, turns),
-                                                 deadline, wired.drain))
+    return message_response(await before_first_byte(
+        request, service.create(body, session, raw, turns), deadline, wired.drain))
 
 
 async def search_response(request: Request, body: dict[str, Any], deadline: float) -> Response:
@@ -232,8 +244,8 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     plan = wired.search.plan(body)
     if body.get("stream"):
         return EventSourceResponse(wired.search.stream(plan, deadline), sep="\n")
-    return json_response(await before_first_byte(request, wired.search.create(plan), deadline,
-                                                 wired.drain))
+    return message_response(await before_first_byte(request, wired.search.create(plan), deadline,
+                                                    wired.drain))
 
 
 async def tool_search_response(request: Request, body: dict[str, Any],
@@ -243,8 +255,8 @@ async def tool_search_response(request: Request, body: dict[str, Any],
     plan = wired.tool_search.plan(body)
     if body.get("stream"):
         return EventStream(wired.tool_search.stream(plan, deadline))
-    return json_response(await before_first_byte(request, wired.tool_search.create(plan),
-                                                 deadline, wired.drain))
+    return message_response(await before_first_byte(request, wired.tool_search.create(plan),
+                                                    deadline, wired.drain))
 
 
 async def count_tokens(request: Request) -> Response:

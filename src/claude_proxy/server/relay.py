@@ -24,7 +24,7 @@ from claude_proxy.metrics import Metrics
 from claude_proxy.record import current_record, record_usage
 from claude_proxy.server.drain import Drain, Drained
 from claude_proxy.sse import encode_events
-from claude_proxy.upstream.client import Chunk, UpstreamStream
+from claude_proxy.upstream.client import Batches, Chunk
 from claude_proxy.upstream.overflow import context_overflow, recognised
 
 logger = logging.getLogger("claude_proxy.lifecycle")
@@ -123,7 +123,7 @@ def after_first_byte(error: ProxyError, converter: StreamConverter) -> ProxyErro
     return error
 
 
-async def relay_events(converter: StreamConverter, stream: UpstreamStream,
+async def relay_events(converter: StreamConverter, stream: Batches,
                        deadline: float, metrics: Metrics, drain: Drain) -> AsyncIterator[bytes]:
     """Upstream chunks through the converter to SSE bytes, ending in message_stop or in one
     `event: error`. A cancelled relay (the client left) closes the upstream response.
@@ -201,7 +201,7 @@ async def relay_events(converter: StreamConverter, stream: UpstreamStream,
             await stream.aclose()
 
 
-async def _drain(stream: UpstreamStream) -> None:
+async def _drain(stream: Batches) -> None:
     """Read the body's end after [DONE] (normally already read or on its way): a response
     closed before it takes its connection with it, and the next request pays for a new one.
     Given up after DRAIN_GRACE; a failure there loses only the connection."""

@@ -177,16 +177,8 @@ def summarise(record: RequestRecord, finished: float, now: float) -> dict[str, A
         "error": error.get("type") if error else None,
         "retries": sum(1 for _, event, _ in record.timeline if event == "retry"),
         "timeline": timeline_of(record, finished),
-        "tool_calls": tool_outcomes(record),
+        "tool_calls": record.tool_outcomes(),
     }
-
-
-def tool_outcomes(record: RequestRecord) -> dict[str, int]:
-    """The answer's tool calls by what the guard found of them (docs/tool-calls.md)."""
-    counts: dict[str, int] = {}
-    for call in record.tool_calls:
-        counts[call["outcome"]] = counts.get(call["outcome"], 0) + 1
-    return counts
 
 
 class Subscription:

@@ -24,7 +24,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -76,6 +76,23 @@ def encoded(body: dict[str, Any]) -> bytes:
         return body.written()
     content = orjson.dumps(body)
     return bytes(memoryview(content)) if len(content) < EXACT_BELOW else content
+
+
+class Batches(Protocol):
+    """What the relay reads an answer from: an `UpstreamStream`, or one that goes on with
+    another answer in its place (TOOL_GUARD_REASK, `service.ReaskingStream`)."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def said_done(self) -> bool: ...
+
+    def __aiter__(self) -> Batches: ...
+
+    async def __anext__(self) -> list[Chunk]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class UpstreamStream:

@@ -305,7 +305,8 @@ class SearchFlow(WholeBlockFlow[Plan, Reply]):
         """Run the model's `web_search` calls; the turns that give it the results."""
         results: list[dict[str, Any]] = []
         for call in calls:
-            query = (call.get("input") or {}).get("query")
+            given = call.get("input")  # a string when the model's arguments were no object
+            query = given.get("query") if isinstance(given, dict) else None
             search = await self._search(plan, reply, query)
             self._add_search(reply, search)
             results.append({"type": "tool_result", "tool_use_id": call["id"],
