@@ -103,3 +103,7 @@ def test_sigterm_drains_and_ends_what_is_still_open_as_clients_retry(
     process.wait(timeout=60)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
+    # The probes are not requests of the access log (a liveness probe every 20 s would fill it
+    # and the dashboard); what was served is.
+    logged = process.startup_output + "".join(process.later_output)
+    assert " POST /v1/messages " in logged and " GET /health" not in logged
