@@ -199,6 +199,12 @@ def test_sighup_changes_keys_budgets_prices_and_routes_in_every_worker(
     assert ("keys +cy -ben ~ana; providers +beta; routes changed; windows and prices "
             "changed") in output()
     assert output().count("configuration not reloaded (SIGHUP)") == workers
+    # Where budgeted spend is kept, said at start and again by the reload (which may be the
+    # one that brings budgets): the SQLite file, or a warning for the test's Redis, which runs
+    # without persistence.
+    kept = ("keys have budgets: their spend is kept in SQLite file" if workers == 1 else
+            "keys have budgets, but Redis at redis://127.0.0.1:")
+    assert output().count(kept) == 2 * workers
 
 
 @pytest.mark.browser
