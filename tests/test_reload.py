@@ -1,10 +1,10 @@
 """Reload without restart, through the real server: `claude-proxy --config FILE` (one process,
 and `--workers 2`, whose parent passes SIGHUP on), the config file rewritten, SIGHUP.
 
-A new key, a removed key, a changed budget, a changed price and a new route take effect in
-every worker; a stream open across the reload finishes, charged at the price it started
-with; a file that does not load is refused whole (the old configuration serves on, and the
-error is in /health?detail=1, on the dashboard and in the log).
+A new key, a removed key, a changed budget, a changed price, a new provider and a route to it
+take effect in every worker; a stream open across the reload finishes, charged at the price it
+started with; a file that does not load is refused whole (the old configuration serves on, and
+the error is in /health?detail=1, on the dashboard and in the log).
 """
 
 from __future__ import annotations
@@ -28,19 +28,20 @@ from tests.scripted_upstream import Reply, ScriptedUpstream, completion, text_st
 ADMIN = "sk-reload-admin-0123456789"
 KEYS = {name: f"sk-reload-{name}-0123456789" for name in ("ana", "ben", "cy")}
 USAGE = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
-FIRST = {"price": 1.0, "ana_budget": 50.0, "keys": ("ana", "ben"), "route": ""}
+FIRST = {"price": 1.0, "ana_budget": 50.0, "keys": ("ana", "ben"), "providers": ("alpha",),
+         "route": ""}
 SECOND = {"price": 100.0, "ana_budget": 7.0, "keys": ("ana", "cy"),
-          "route": 'background = "beta,beta-model"'}
+          "providers": ("alpha", "beta"), "route": 'background = "beta,beta-model"'}
 
 Started = Callable[..., tuple[str, subprocess.Popen[str]]]
 
 
 def config_text(upstream: ScriptedUpstream, price: float, ana_budget: float,
-                keys: tuple[str, ...], route: str) -> str:
+                keys: tuple[str, ...], providers: tuple[str, ...], route: str) -> str:
     tables = "".join(f'[keys.{name}]\nkey_sha256 = "{digest_of(KEYS[name]).hex()}"\n'
                      + (f"budget_usd = {ana_budget}\n" if name == "ana" else "") + "\n"
                      for name in keys)
-    providers = "".join(f"""
+    provider_tables = "".join(f"""
 [providers.{name}]
 openai_base_url = "{upstream.base_url}"
 openai_api_key = "sk-reload-upstream-0123456789"
@@ -51,8 +52,8 @@ small_model = "{name}-model"
 max_retries = 0
 price_input = {price}
 price_output = {price}
-""" for name in ("alpha", "beta"))
-    return f"""{providers}
+""" for name in providers)
+    return f"""{provider_tables}
 [router]
 default = "alpha,alpha-model"
 {route}
@@ -153,7 +154,8 @@ def test_sighup_changes_keys_budgets_prices_and_routes_in_every_worker(
     assert "".join(e["delta"].get("text", "") for e in events
                    if e["type"] == "content_block_delta") == "held stream"
 
-    # Every worker: the new key in, the removed one out, the new budget, the new route.
+    # Every worker: the new key in, the removed one out, the new budget, the new provider's
+    # route.
     for _ in range(4 * workers):  # on fresh connections: each worker gets its share
         assert ask(url, KEYS["cy"]).json()["content"][0]["text"] == "served alpha-model"
         assert ask(url, KEYS["ben"]).status_code == 401
@@ -194,9 +196,15 @@ def test_sighup_changes_keys_budgets_prices_and_routes_in_every_worker(
     assert eventually(lambda: output().count("Finished server process") == workers)
     assert output().count("Started server process") == workers
     assert output().count("configuration 2 loaded (SIGHUP)") == workers
-    assert ("keys +cy -ben ~ana; providers unchanged; routes changed; windows and prices "
+    assert ("keys +cy -ben ~ana; providers +beta; routes changed; windows and prices "
             "changed") in output()
     assert output().count("configuration not reloaded (SIGHUP)") == workers
+    # Where budgeted spend is kept, said at start and again by the reload (which may be the
+    # one that brings budgets): the SQLite file, or a warning for the test's Redis, which runs
+    # without persistence.
+    kept = ("keys have budgets: their spend is kept in SQLite file" if workers == 1 else
+            "keys have budgets, but Redis at redis://127.0.0.1:")
+    assert output().count(kept) == 2 * workers
 
 
 @pytest.mark.browser

@@ -57,7 +57,10 @@ async def until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(scenario())
+    """In a thread of its own: the module's `browser` fixture (Playwright's sync API) keeps an
+    event loop running in this one while the tests after it run."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, scenario()).result()
 
 
 # ---------------------------------------------------------------- the store itself
@@ -682,4 +685,4 @@ def test_the_fleets_live_view_carries_the_keys_panel_as_one_process_does(
         finally:
             await store.close()
 
-    asyncio.run(scenario())
+    run(scenario)

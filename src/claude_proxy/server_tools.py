@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -116,7 +116,7 @@ class WholeBlockFlow(Generic[P, R]):
         current_record().message = answer  # for the dashboard's inspector
         return answer
 
-    def stream(self, plan: P, deadline: float) -> AsyncIterator[bytes]:
+    def stream(self, plan: P, deadline: float) -> AsyncGenerator[bytes, None]:
         """SSE bytes: message_start at once, a ping while waiting, each block when whole."""
         return whole_block_stream(
             plan.body["model"], estimate_request_tokens(plan.body),
@@ -140,7 +140,7 @@ class WholeBlockFlow(Generic[P, R]):
 
 async def whole_block_stream(model: str, input_tokens: int, run: Callable[[Emit], Awaitable[T]],
                              ending: Callable[[T], list[Event]], *, deadline: float,
-                             ping_seconds: float, what: str) -> AsyncIterator[bytes]:
+                             ping_seconds: float, what: str) -> AsyncGenerator[bytes, None]:
     """SSE bytes of a flow: `run(emit)` emits whole blocks and returns its result, which
     `ending` turns into the message's end. `what` names the flow in an error."""
     queue: asyncio.Queue[list[Event]] = asyncio.Queue()

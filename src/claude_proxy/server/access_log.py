@@ -28,7 +28,8 @@ from claude_proxy.telemetry import Telemetry
 
 logger = logging.getLogger("claude_proxy.access")
 
-QUIET_PATHS = frozenset({"/", "/health", "/metrics"})
+QUIET_PATHS = frozenset({"/", "/health", "/health/live", "/metrics"})
+"""Probes and scrapes: logged at DEBUG only, neither counted nor on the dashboard."""
 
 
 class AccessLogMiddleware:

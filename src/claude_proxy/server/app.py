@@ -31,7 +31,6 @@ from claude_proxy.config.file import ProxyConfig, single_provider_config
 from claude_proxy.config.settings import Settings
 from claude_proxy.errors import ProxyError, error_body, error_type_for_status
 from claude_proxy.keys.budget import Clock, Gate
-from claude_proxy.keys.spend import Ledger
 from claude_proxy.keys.usage_api import usage_router
 from claude_proxy.logs import redact_also
 from claude_proxy.metrics import Metrics
@@ -43,7 +42,7 @@ from claude_proxy.server.endpoints import Wiring, error_response, json_response
 from claude_proxy.server.incremental import REMEMBER_FOR
 from claude_proxy.server.relay import ClientDisconnected
 from claude_proxy.server.reload import Reloader, Source
-from claude_proxy.server.wiring import Lasting, close_all, retire, wire
+from claude_proxy.server.wiring import Lasting, close_all, retire, warn_if_spend_unsafe, wire
 from claude_proxy.state import open_store
 from claude_proxy.state.memo import Memo
 from claude_proxy.state.store import StateStore
@@ -160,22 +159,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         telemetry: Telemetry | None = app.state.telemetry
         if telemetry is not None:
             telemetry.shutdown()
-
-
-async def warn_if_spend_unsafe(ledger: Ledger) -> None:
-    """At start, when keys have budgets: a WARNING if their spend would not survive a
-    restart of the store (Redis without persistence, or evicting keys), else where it is
-    kept."""
-    found = await ledger.durability()
-    if found is None:
-        return
-    if found.get("warning"):
-        logger.warning("keys have budgets, but %s", found["warning"])
-    elif "eviction" in found:
-        logger.info("keys have budgets: their spend is kept by Redis: %s; maxmemory-policy %s",
-                    found["persistence"], found["eviction"])
-    else:
-        logger.info("keys have budgets: their spend is kept in %s", found["kept"])
 
 
 _NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}

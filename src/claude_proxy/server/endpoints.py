@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from sse_starlette import EventSourceResponse
 
 from claude_proxy.config.file import ProxyConfig
 from claude_proxy.config.settings import Settings
@@ -41,7 +40,7 @@ from claude_proxy.routing.sessions import SESSION_HEADER
 from claude_proxy.server import incremental
 from claude_proxy.server.drain import Drain
 from claude_proxy.server.event_stream import EventStream
-from claude_proxy.server.relay import before_first_byte, relay_events
+from claude_proxy.server.relay import before_first_byte, drained, relay_events
 from claude_proxy.server.requests import CountTokensRequest, MessagesRequest, validate_request
 from claude_proxy.service import MessagesService
 from claude_proxy.state.memo import Memo
@@ -243,7 +242,7 @@ async def search_response(request: Request, body: dict[str, Any], deadline: floa
     wired = wiring(request)
     plan = wired.search.plan(body)
     if body.get("stream"):
-        return EventSourceResponse(wired.search.stream(plan, deadline), sep="\n")
+        return EventStream(drained(wired.search.stream(plan, deadline), wired.drain))
     return message_response(await before_first_byte(request, wired.search.create(plan), deadline,
                                                     wired.drain))
 
@@ -254,7 +253,7 @@ async def tool_search_response(request: Request, body: dict[str, Any],
     wired = wiring(request)
     plan = wired.tool_search.plan(body)
     if body.get("stream"):
-        return EventStream(wired.tool_search.stream(plan, deadline))
+        return EventStream(drained(wired.tool_search.stream(plan, deadline), wired.drain))
     return message_response(await before_first_byte(request, wired.tool_search.create(plan),
                                                     deadline, wired.drain))
 

@@ -7,8 +7,9 @@ cancel scope per event (about twice the server CPU per event, and 16–18 KiB mo
 stream). Here the events are written from the request's own task, and one watcher task per
 response waits for the client's disconnect and sends the pings; when the client leaves it
 cancels the writer, whose relay then closes the upstream (see `lifecycle.relay_events`).
-sse-starlette stays where its features serve (the dashboard's live feed). On shutdown uvicorn
-reports a disconnect to every open request, so streams end at once, as they did before.
+sse-starlette stays where its features serve: the dashboard's live feed, which it ends when
+uvicorn's shutdown begins. A `/v1/messages` stream (the server-tool flows' too) lives on past
+that, and the drain ends it (server/drain.py).
 """
 
 from __future__ import annotations

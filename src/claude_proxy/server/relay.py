@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import anyio
@@ -199,6 +199,30 @@ async def relay_events(converter: StreamConverter, stream: Batches,
             if stream.said_done:
                 await _drain(stream)
             await stream.aclose()
+
+
+async def drained(frames: AsyncGenerator[bytes, None], drain: Drain) -> AsyncIterator[bytes]:
+    """A server-tool flow's stream (web search, tool search) as the drain ends it: at
+    DRAIN_TIMEOUT an `overloaded_error` event follows what was sent. Its frames are whole
+    blocks (server_tools.py), so no block is open between two of them."""
+    reading = drain.stream()
+    try:
+        while not reading.due:
+            reading.waiting = True
+            try:
+                frame = await anext(frames, None)
+            except asyncio.CancelledError:
+                if not reading.cut():
+                    raise
+                break
+            reading.waiting = False
+            if frame is None:
+                return
+            yield frame
+        yield _frame([Drained().body()], current_record().events)
+    finally:
+        drain.closed(reading)
+        await frames.aclose()
 
 
 async def _drain(stream: Batches) -> None:

@@ -29,7 +29,14 @@ from typing import Any
 from claude_proxy.config.file import ConfigurationError, ProxyConfig
 from claude_proxy.config.settings import Settings
 from claude_proxy.server.endpoints import Wiring
-from claude_proxy.server.wiring import Close, Lasting, close_all, retire, wire
+from claude_proxy.server.wiring import (
+    Close,
+    Lasting,
+    close_all,
+    retire,
+    warn_if_spend_unsafe,
+    wire,
+)
 
 logger = logging.getLogger("claude_proxy.reload")
 
@@ -101,6 +108,8 @@ class Reloader:
             self.loaded_at, self.error, self.failed_at = datetime.now(UTC), None, None
             logger.info("configuration %d loaded (%s) from %s: %s", self.generation, why,
                         config.source, changes(old, new))
+            if new.ledger is not None:  # budgets may be new: said as loudly as at start
+                await warn_if_spend_unsafe(new.ledger)
             return True
 
     def _refused(self, why: str, exc: Exception) -> None:

@@ -157,3 +157,19 @@ async def close_all(closers: list[Close]) -> None:
             await close()
         except Exception:  # closing what is no longer used must not fail anything
             logger.exception("closing a retired upstream client failed")
+
+
+async def warn_if_spend_unsafe(ledger: Ledger) -> None:
+    """At start and after each reload, when keys have budgets: a WARNING if their spend
+    would not survive a restart of the store (Redis without persistence, or evicting keys),
+    else where it is kept."""
+    found = await ledger.durability()
+    if found is None:
+        return
+    if found.get("warning"):
+        logger.warning("keys have budgets, but %s", found["warning"])
+    elif "eviction" in found:
+        logger.info("keys have budgets: their spend is kept by Redis: %s; maxmemory-policy %s",
+                    found["persistence"], found["eviction"])
+    else:
+        logger.info("keys have budgets: their spend is kept in %s", found["kept"])
