@@ -100,7 +100,7 @@ test-container: $(VENV)/.installed-test
 	$(BIN)/python -m tests.container
 
 ## soak: ten minutes of the whole fleet (2 replicas x 2 workers, one Redis, team keys and a
-## budget) through its faults, then its figures; `make test` runs a minute of it
+## budget) through its faults, then its figures; `make test` runs forty seconds of it
 ## (tests/test_soak.py). SOAK_SECONDS changes the length.
 SOAK_SECONDS ?= 600
 soak: $(VENV)/.installed-test redis

@@ -25,7 +25,7 @@ At the end it prints the figures and checks:
 - the dashboard (any replica's, the fleet's view) lists every request that reached a proxy;
 - no budget was exceeded by more than the requests in flight when it was reached.
 
-`python -m tests.soak --seconds 600` (`make soak`); tests/test_soak.py runs a minute of it.
+`python -m tests.soak --seconds 600` (`make soak`); tests/test_soak.py runs forty seconds of it.
 SOAK_LOG_LEVEL=INFO keeps the replicas' state lines (Redis lost and back) in their logs.
 """
 

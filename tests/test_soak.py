@@ -1,4 +1,4 @@
-"""A minute of `make soak` (tests/soak.py): two replicas x two workers on one real Redis (run
+"""Forty seconds of `make soak` (tests/soak.py): two replicas x two workers on one real Redis (run
 with the shipped arguments), clients with team keys and a budget, streaming and not, while
 Redis is killed and restarted, an upstream fails and recovers, a replica is SIGKILLed and
 restarted, and both replicas are restarted one after the other with SIGTERM.
@@ -18,7 +18,7 @@ import pytest
 
 from tests import soak
 
-SECONDS = 60
+SECONDS = 40
 
 
 @pytest.fixture(scope="module")
