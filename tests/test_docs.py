@@ -254,6 +254,25 @@ def test_no_private_name_is_imported_across_modules() -> None:
     assert {path: names for path, names in found.items() if names} == {}
 
 
+MAX_CLASS_LINES = 300
+
+
+def long_classes(path: Path) -> list[str]:
+    """`Class: lines` for each class of `path` longer than the house allows."""
+    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+
+
+def test_no_class_is_longer_than_the_house_allows() -> None:
+    """No class over 300 lines (docs/development.md): a longer one has a seam to split at."""
+    files = sorted((ROOT / "src").rglob("*.py"))
+    assert len(files) > 100
+    found = {str(path.relative_to(ROOT)): long_classes(path) for path in files}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
 # ---------------------------------------------------------------- the README's snippets, run
 
 README = ROOT / "README.md"

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import orjson
 
 from claude_proxy.conversion.deltas import (
     Delta,
@@ -28,6 +25,7 @@ from claude_proxy.conversion.deltas import (
 from claude_proxy.conversion.ids import new_message_id, to_anthropic_id
 from claude_proxy.conversion.safeguards import results
 from claude_proxy.conversion.stop_sequences import StopMatcher
+from claude_proxy.conversion.tool_calls import CallCollector, CollectedCall
 from claude_proxy.conversion.usage import anthropic_usage, estimate_tokens, reasoning_tokens
 from claude_proxy.errors import ProxyError, error_from_payload
 
@@ -47,6 +45,26 @@ class Sign(Protocol):
     """Signs a thinking block: its text and the opaque state it carries (see signatures.py)."""
 
     def __call__(self, thinking: str, opaque: list[dict[str, Any]] = ..., /) -> str: ...
+
+
+def message_start(message_id: str, model: str, input_tokens: int) -> Event:
+    """The `message_start` event: the message, empty, with the input estimate."""
+    message: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+    return {"type": "message_start", "message": message}
 
 
 def _block_start(index: int, block: dict[str, Any]) -> Event:
@@ -113,53 +131,10 @@ class _TextBlockState:
         return [_block_stop(self.index)]
 
 
-@dataclass
-class _ToolCall:
-    """One upstream tool call, collected from its fragments."""
-
-    upstream_id: str
-    name: str
-    fragments: list[str] = field(default_factory=list)
-    sent: int = 0
-    anthropic_id: str = ""
-    done: bool = False
-    """No more of it will come (`ToolCall.last`): its block may close at once."""
-
-    def arguments(self) -> str:
-        return "".join(self.fragments)
-
-    def is_complete(self) -> bool:
-        """Whether the arguments so far already form a JSON document."""
-        text = self.arguments().strip()
-        if not text:
-            return False
-        try:
-            orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return False
-        return True
-
-
-def tool_input(arguments: str) -> Any:
-    """A tool call's `input` in a whole Message, from the text its `input_json` deltas carry:
-    the object that text is; `{}` for no text at all (what the stream sends then); any other
-    text (not JSON, or JSON but no object) as it came, a string. Claude Code reads a string
-    `input` as it reads a streamed call's text, so its own precise error ("could not be parsed
-    as JSON") reaches the model, where `{}` would tell it of a missing parameter instead
-    (docs/tool-calls.md)."""
-    if not arguments.strip():
-        return {}
-    try:
-        value = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return arguments
-    return value if isinstance(value, dict) else arguments
-
-
 class _ToolBlockState:
     kind = "tool"
 
-    def __init__(self, index: int, call: _ToolCall) -> None:
+    def __init__(self, index: int, call: CollectedCall) -> None:
         self.index = index
         self.call = call
 
@@ -224,8 +199,7 @@ class BlockMachine:
         self._next_index = 0
         self._open: _Block | None = None
         self._held_whitespace = ""
-        self._calls: dict[int, _ToolCall] = {}
-        self._queued: list[_ToolCall] = []
+        self._calls = CallCollector()
         self._tool_blocks = 0
         self._stop_reason: str | None = None
         self._usage: dict[str, Any] | None = None
@@ -241,22 +215,7 @@ class BlockMachine:
     # ------------------------------------------------------------ public API
 
     def start(self) -> list[Event]:
-        message: dict[str, Any] = {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": self._input_estimate,
-                "output_tokens": 0,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-            },
-        }
-        return [{"type": "message_start", "message": message}]
+        return [message_start(self.message_id, self.model, self._input_estimate)]
 
     def apply(self, deltas: Iterable[Delta]) -> list[Event]:
         """The events for some deltas. An UpstreamFailure raises ProxyError (the events of
@@ -305,13 +264,7 @@ class BlockMachine:
 
     def tool_uses(self) -> list[dict[str, Any]]:
         """The tool_use blocks sent so far (id, name, input), in order."""
-        uses = []
-        for call in self._calls.values():
-            if not call.anthropic_id:
-                continue
-            uses.append({"id": call.anthropic_id, "name": call.name,
-                         "input": tool_input(call.arguments())})
-        return uses
+        return self._calls.uses()
 
     def keep_alive(self) -> Event:
         """An event that adds nothing, for a client's idle watchdog while content is held
@@ -450,19 +403,8 @@ class BlockMachine:
         events.append(self._open.add(text))
 
     def _add_tool_piece(self, piece: ToolCall, events: list[Event]) -> None:
-        call = self._calls.get(piece.key)
-        if call is None:
-            call = _ToolCall(upstream_id=piece.id, name="")
-            self._calls[piece.key] = call
-            self._queued.append(call)
-        elif piece.id and not call.upstream_id:
-            call.upstream_id = piece.id
-        if piece.name and not call.name:
-            call.name = piece.name
-        if piece.arguments:
-            call.fragments.append(piece.arguments)
-            self._streamed_chars += len(piece.arguments)
-        call.done = call.done or piece.last
+        self._calls.add(piece)
+        self._streamed_chars += len(piece.arguments)
         self._pump_tools(events)
 
     def _pump_tools(self, events: list[Event]) -> None:
@@ -474,15 +416,15 @@ class BlockMachine:
                 events.extend(self._open.pending_deltas())
                 call = self._open.call
                 if not call.done and not (
-                        self._queued and self._queued[0].name and call.is_complete()):
+                        self._calls.queued and self._calls.queued[0].name and call.is_complete()):
                     return
                 events.extend(self._close_open())
-            if not self._queued or not self._queued[0].name:
+            if not self._calls.queued or not self._calls.queued[0].name:
                 return
             self._open_next_tool(events)
 
     def _open_next_tool(self, events: list[Event]) -> None:
-        call = self._queued.pop(0)
+        call = self._calls.queued.pop(0)
         self._held_whitespace = ""
         events.extend(self._close_open())
         self._open = _ToolBlockState(self._take_index(), call)
@@ -505,11 +447,8 @@ class BlockMachine:
 
     def _close_all(self) -> list[Event]:
         events = self._close_open()
-        for call in list(self._queued):
-            if not call.name:
-                logger.warning("upstream tool call without a name dropped")
-                self._queued.remove(call)
-        while self._queued:
+        self._calls.drop_unnamed()
+        while self._calls.queued:
             self._open_next_tool(events)
             events.extend(self._close_open())
         return events

@@ -12,8 +12,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from claude_proxy.conversion.blocks import BlockMachine, Event, Sign, tool_input
+from claude_proxy.conversion.blocks import BlockMachine, Event, Sign
 from claude_proxy.conversion.deltas import Delta
+from claude_proxy.conversion.tool_calls import tool_input
 from claude_proxy.conversion.tool_guard import HOLD_PING_SECONDS, ToolGuard
 from claude_proxy.conversion.usage import summed
 from claude_proxy.errors import ProxyError

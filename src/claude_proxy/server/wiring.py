@@ -113,7 +113,7 @@ async def wire(config: ProxyConfig, lasting: Lasting, previous: Wiring | None = 
                               keyring, replay=partial(replayed, signer=signer))
     route = judge_route(config)
     if route:
-        service.judge = RouteJudge(service, route, settings.safeguards_timeout)
+        service.translator.judge = RouteJudge(service, route, settings.safeguards_timeout)
     backend = SearchBackend(settings) if settings.web_search_backend else None
     search = SearchFlow(settings, backend, ServiceCaller(service), signer, lasting.metrics)
     lasting.facts.upstreams.update({

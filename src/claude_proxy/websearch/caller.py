@@ -57,5 +57,6 @@ class ServiceCaller:
         service = self.service
         attempt, answer = await service.routed(body, send, None)
         chunks = api_of(attempt.upstream).events_of(answer)
-        message = collect_message(convert_chunks(chunks, service.converter(body, attempt)))
+        converter = service.translator.converter(body, attempt)
+        message = collect_message(convert_chunks(chunks, converter))
         return answer, message
