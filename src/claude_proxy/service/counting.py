@@ -79,18 +79,12 @@ class TokenCounter:
             return fits[candidate]
         return measure
 
-    def count_tokens(self, body: dict[str, Any], session: str | None) -> int:
-        """count_tokens: the calibrated input estimate for the model this request would go
-        to (exact for OpenAI-family models)."""
-        plain = estimate_request_tokens(body)
-        candidates = self.router.candidates(body, plain, self.sessions.previous(session))
-        return self.measure(body, session, plain, exact=True)(candidates[0]).tokens
-
     async def count_input(self, body: dict[str, Any], session: str | None,
                           raw: bytes | None = None) -> int:
         """count_tokens: the upstream's own count where the API of the provider this request
-        would go to has one (a Messages endpoint that documents it), else `count_tokens`'s
-        estimate (also when that count fails). `raw`: as for `routed`."""
+        would go to has one (a Messages endpoint that documents it), else the calibrated input
+        estimate (exact for OpenAI-family models; also when that count fails). `raw`: as for
+        `routed`."""
         plain = estimate_request_tokens(body, raw=raw)
         candidate = self.router.candidates(body, plain, self.sessions.previous(session))[0]
         counted = await self._counted_upstream(body, candidate)
