@@ -137,6 +137,8 @@ class RequestRecord:
     def tool_outcomes(self) -> dict[str, int]:
         """The answer's tool calls by what the guard found of them (docs/tool-calls.md), in
         the order the outcomes first came."""
+        if not self.tool_calls:  # most answers: no Counter built, twice a request
+            return {}
         return dict(Counter(call["outcome"] for call in self.tool_calls))
 
     def release_parsed(self) -> None:

@@ -2,7 +2,10 @@
 
 The id is returned as the `request-id` header, as Anthropic does. The middleware opens the
 request's record (`record.py`) and binds it for the layers below; when the response is done it
-charges the key, writes the line, and tells the dashboard (`ui/recorder.py`).
+charges the key (by the ledger of the configuration the request started on, `record.charger`:
+a reload meanwhile changes neither its prices nor its budget period; a request without a key
+of `[keys]` has none and costs nothing here), writes the line, and tells the dashboard
+(`ui/recorder.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from claude_proxy.metrics import Metrics
 from claude_proxy.record import (
-    Charger,
     RecordObserver,
     RequestRecord,
     bind,
@@ -37,12 +39,10 @@ class AccessLogMiddleware:
 
     def __init__(self, app: ASGIApp, metrics: Metrics,
                  observer: RecordObserver | None = None,
-                 charger: Charger | None = None,
                  telemetry: Telemetry | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.observer = observer
-        self.charger = charger
         self.telemetry = telemetry
         """OpenTelemetry's spans (`telemetry/`); None, and free, unless configured."""
 
@@ -64,7 +64,7 @@ class AccessLogMiddleware:
                 record.status = message["status"]
                 headers = MutableHeaders(scope=message)
                 headers.append("request-id", record.request_id)
-                if self.charger is not None and "event-stream" not in headers.get(
+                if record.charger is not None and "event-stream" not in headers.get(
                         "content-type", ""):
                     # A whole answer is charged before its head: the head then leaves with
                     # the body in one write, not alone while the charge reaches the store.
@@ -73,7 +73,7 @@ class AccessLogMiddleware:
                 record.first_byte = time.perf_counter()
                 if record.status >= 400:
                     record.error_body = bytes(message["body"][:4096])
-            if (self.charger is not None and message["type"] == "http.response.body"
+            if (record.charger is not None and message["type"] == "http.response.body"
                     and not message.get("more_body", False)):
                 await self._settle(record)  # charged before the response's last byte
             await send(message)
@@ -89,17 +89,17 @@ class AccessLogMiddleware:
             self._finish(record)
 
     async def _settle(self, record: RequestRecord) -> None:
-        assert self.charger is not None
+        assert record.charger is not None
         try:
-            await self.charger.settle(record)
+            await record.charger.settle(record)
         except Exception:  # accounting must never fail a response
             logger.exception("charging request %s failed", record.request_id)
 
     def _finish(self, record: RequestRecord) -> None:
         finished = time.perf_counter()
-        if self.charger is not None:
+        if record.charger is not None:
             try:
-                self.charger.charge(record)
+                record.charger.charge(record)
             except Exception:  # accounting must never fail a request's clean-up
                 logger.exception("charging request %s failed", record.request_id)
         if self.telemetry is not None:

@@ -34,7 +34,6 @@ from claude_proxy.keys.budget import Clock, Gate
 from claude_proxy.keys.usage_api import usage_router
 from claude_proxy.logs import redact_also
 from claude_proxy.metrics import Metrics
-from claude_proxy.record import RequestRecord
 from claude_proxy.server import endpoints
 from claude_proxy.server.access_log import AccessLogMiddleware
 from claude_proxy.server.drain import Drain
@@ -81,7 +80,7 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
     app.state.reloader = Reloader(source, lasting, lambda: app.state.wiring,
                                   partial(publish, app))
     app.add_middleware(AccessLogMiddleware, metrics=metrics, observer=app.state.recorder,
-                       charger=ItsLedger(), telemetry=telemetry)
+                       telemetry=telemetry)
     _install_error_handlers(app)
     _add_routes(app)
     return app
@@ -116,19 +115,6 @@ def publish(app: FastAPI, wired: Wiring) -> None:
         app.state.recorder.add_secrets(secrets)
         app.state.dashboard = Dashboard(wired.settings, app.state.recorder)
     app.state.wiring = wired
-
-
-class ItsLedger:
-    """The access middleware's charger: a request is charged by the ledger of the
-    configuration it started on (`record.charger`, set when its key was identified), so a
-    reload meanwhile changes neither its prices nor its key's budget period."""
-
-    async def settle(self, record: RequestRecord) -> None:
-        if record.charger is not None:
-            await record.charger.settle(record)
-
-    def charge(self, record: RequestRecord) -> bool:
-        return record.charger is not None and record.charger.charge(record)
 
 
 @asynccontextmanager

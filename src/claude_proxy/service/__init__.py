@@ -262,8 +262,8 @@ class MessagesService:
         message, reasoning = await self._whole(body, attempt, answer)
         usage = message["usage"]
         record = current_record()
-        retry = reask_body(body, message, record.tool_calls) if self.translator.settings_of(
-            attempt.provider).tool_guard_reask else None
+        retry = (reask_body(body, message, record.tool_calls) if record.tool_calls
+                 and self.translator.settings_of(attempt.provider).tool_guard_reask else None)
         if retry is not None:  # TOOL_GUARD_REASK: once, with the validation errors
             mark("tool-call re-ask", f"{len(record.tool_calls)} invalid call(s)")
             try:

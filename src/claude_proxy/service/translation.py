@@ -170,9 +170,11 @@ class Translator:
     def tool_guard(self, body: dict[str, Any], attempt: Attempt) -> ToolGuard | None:
         """The tool-call guard for the answer (TOOL_GUARD), None when off or when the request
         offers no tools."""
+        if not body.get("tools"):
+            return None
         settings = self.settings_of(attempt.provider)
         mode = settings.guard_mode
-        if mode == "off" or not body.get("tools"):
+        if mode == "off":
             return None
         report = tool_call_reporter(self.metrics, attempt.candidate.provider,
                                     attempt.candidate.model)

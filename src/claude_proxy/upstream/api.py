@@ -124,6 +124,8 @@ def with_text_calls(upstream: UpstreamRequest, settings: ProviderSettings) -> Up
     families on for its model (`*_TOOL_CALL_PREFIXES`), when it offers tools. With the
     tool-call guard repairing (TOOL_GUARD=repair), a call read from text passes the guard's
     own check (the tool's schema, and the repair ladder); otherwise `declared_check`'s."""
+    if not upstream.body.get("tools"):
+        return upstream
     model = str(upstream.body.get("model") or "")
     formats = settings.tool_call_markup(model)
     tools = declared_tools(upstream.body) if formats else {}
