@@ -25,15 +25,16 @@ import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import jsonschema_rs
 import orjson
-from jsonschema_rs import Validator
 
 from claude_proxy.conversion import tool_repair
 from claude_proxy.conversion.tool_repair import Schema
 from claude_proxy.conversion.tools import is_server_tool, referenced_tool_names
+
+if TYPE_CHECKING:
+    from jsonschema_rs import Validator
 
 Outcome = Literal["valid", "repaired", "invalid", "unchecked"]
 
@@ -88,6 +89,10 @@ class Check:
 def compiled(schema_json: bytes) -> Validator | None:
     """The validator of one schema (its JSON bytes), or None when a keyword in it is one the
     validator does not implement, or the schema is not one (then nothing is repaired)."""
+    # Imported at the first schema, not with the module: its 4 MiB of resident pages are
+    # the idle server's otherwise, in a process that is never offered a tool.
+    import jsonschema_rs
+
     schema = orjson.loads(schema_json)
     if not isinstance(schema, dict) or not knows_every_keyword(schema):
         return None
