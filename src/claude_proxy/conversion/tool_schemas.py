@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from claude_proxy.conversion import tool_repair
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.tool_repair import Schema
 from claude_proxy.conversion.tools import is_server_tool, referenced_tool_names
 
@@ -150,10 +151,18 @@ def first_error(validator: Validator, value: Any) -> tuple[str, str]:
 class RequestSchemas(Mapping[str, Any]):
     """The schemas of the tools a request offers, by name, found in its `tools` as they are
     asked for: a request offers a dozen, a reply calls one or two (a dict of them all costs
-    5 µs a request). Iterating (R8) reads them all once."""
+    5 µs a request). Iterating (R8) reads them all once.
+
+    It keeps the request's `tools`, and its messages only when a `tool_reference` among them
+    may load a deferred tool: the guard lives as long as the stream, and the parsed
+    conversation would live with it (the record keeps the request as bytes only, once the
+    answer has begun: `RequestRecord.release_parsed`)."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
-        self._body = body
+        self._tools: list[Any] = body.get("tools") or []
+        messages = body.get("messages") or []
+        self._messages: list[Any] | None = (
+            messages if holds(messages, "tool_reference") else None)
         self._loaded: set[str] | None = None
         self._all: dict[str, Any] | None = None
         self._found: dict[str, Any] = {}
@@ -165,13 +174,14 @@ class RequestSchemas(Mapping[str, Any]):
         if not tool.get("defer_loading"):
             return True
         if self._loaded is None:
-            self._loaded = referenced_tool_names(self._body.get("messages") or [])
+            self._loaded = referenced_tool_names(self._messages or [])
+            self._messages = None
         return tool["name"] in self._loaded
 
     def __getitem__(self, name: str) -> Any:
         if name in self._found:
             return self._found[name]
-        for tool in self._body.get("tools") or ():
+        for tool in self._tools:
             if isinstance(tool, dict) and tool.get("name") == name and self._offered(tool):
                 self._found[name] = tool.get("input_schema")
                 return self._found[name]
@@ -180,7 +190,7 @@ class RequestSchemas(Mapping[str, Any]):
     def _every(self) -> dict[str, Any]:
         if self._all is None:
             self._all = {tool["name"]: tool.get("input_schema")
-                         for tool in self._body.get("tools") or () if self._offered(tool)}
+                         for tool in self._tools if self._offered(tool)}
         return self._all
 
     def __iter__(self) -> Iterator[str]:
