@@ -521,7 +521,7 @@ def test_a_deferred_tool_not_loaded_is_not_offered() -> None:
     assert loaded.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
 
 
-class Conversation(list[Any]):
+class Watched(list[Any]):
     """A request's messages that can be watched (a list has no weak references)."""
 
 
@@ -530,13 +530,13 @@ def test_the_guard_of_an_open_stream_holds_the_tools_not_the_conversation() -> N
     Claude Code session's 850 KB), where the record keeps the request as bytes only. Its
     messages stay only while a `tool_reference` in them may load a deferred tool."""
     deferred = {**CC_TOOLS["Read"], "defer_loading": True}
-    messages = Conversation([{"role": "user", "content": "hello"}])
+    messages = Watched([{"role": "user", "content": "hello"}])
     watched = weakref.ref(messages)
     offered = OfferedTools.of_request({"tools": [CC_TOOLS["Read"]], "messages": messages})
     del messages
     assert watched() is None
     assert offered.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
-    loading = Conversation([{"role": "user", "content": [
+    loading = Watched([{"role": "user", "content": [
         {"type": "tool_reference", "tool_name": "Read"}]}])
     watched = weakref.ref(loading)
     offered = OfferedTools.of_request({"tools": [deferred], "messages": loading})
