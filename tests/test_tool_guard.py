@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -518,6 +519,31 @@ def test_a_deferred_tool_not_loaded_is_not_offered() -> None:
     loaded = OfferedTools.of_request({"tools": [deferred], "messages": [
         {"role": "user", "content": [{"type": "tool_reference", "tool_name": "Read"}]}]})
     assert loaded.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
+
+
+class Watched(list[Any]):
+    """A request's messages that can be watched (a list has no weak references)."""
+
+
+def test_the_guard_of_an_open_stream_holds_the_tools_not_the_conversation() -> None:
+    """The guard lives as long as the stream; the parsed conversation went with it (a
+    Claude Code session's 850 KB), where the record keeps the request as bytes only. Its
+    messages stay only while a `tool_reference` in them may load a deferred tool."""
+    deferred = {**CC_TOOLS["Read"], "defer_loading": True}
+    messages = Watched([{"role": "user", "content": "hello"}])
+    watched = weakref.ref(messages)
+    offered = OfferedTools.of_request({"tools": [CC_TOOLS["Read"]], "messages": messages})
+    del messages
+    assert watched() is None
+    assert offered.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
+    loading = Watched([{"role": "user", "content": [
+        {"type": "tool_reference", "tool_name": "Read"}]}])
+    watched = weakref.ref(loading)
+    offered = OfferedTools.of_request({"tools": [deferred], "messages": loading})
+    del loading
+    assert watched() is not None
+    assert offered.check("Read", '{"file_path": "/a", "offset": "5"}').outcome == "repaired"
+    assert watched() is None
 
 
 def test_the_accept_callable_of_the_markup_parsers() -> None:

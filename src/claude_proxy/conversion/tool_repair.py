@@ -20,7 +20,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import json_repair
 import orjson
 
 Schema = dict[str, Any]
@@ -115,6 +114,8 @@ def syntax_repaired(text: str) -> Any:
     if len(text) > REPAIR_MAX_CHARS or not text.rstrip().endswith("}") or not whole(text) or (
             _AMBIGUOUS_ESCAPE.search(text)):
         return None
+    import json_repair  # the rare repair's, not every process's (0.4 MiB resident)
+
     try:
         value = json_repair.repair_json(text, return_objects=True, strict=True)
     except (ValueError, RecursionError):

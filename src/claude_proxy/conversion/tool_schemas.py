@@ -25,15 +25,17 @@ import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import jsonschema_rs
 import orjson
-from jsonschema_rs import Validator
 
 from claude_proxy.conversion import tool_repair
+from claude_proxy.conversion.census import holds
 from claude_proxy.conversion.tool_repair import Schema
 from claude_proxy.conversion.tools import is_server_tool, referenced_tool_names
+
+if TYPE_CHECKING:
+    from jsonschema_rs import Validator
 
 Outcome = Literal["valid", "repaired", "invalid", "unchecked"]
 
@@ -88,6 +90,10 @@ class Check:
 def compiled(schema_json: bytes) -> Validator | None:
     """The validator of one schema (its JSON bytes), or None when a keyword in it is one the
     validator does not implement, or the schema is not one (then nothing is repaired)."""
+    # Imported at the first schema, not with the module: its 4 MiB of resident pages are
+    # the idle server's otherwise, in a process that is never offered a tool.
+    import jsonschema_rs
+
     schema = orjson.loads(schema_json)
     if not isinstance(schema, dict) or not knows_every_keyword(schema):
         return None
@@ -145,10 +151,18 @@ def first_error(validator: Validator, value: Any) -> tuple[str, str]:
 class RequestSchemas(Mapping[str, Any]):
     """The schemas of the tools a request offers, by name, found in its `tools` as they are
     asked for: a request offers a dozen, a reply calls one or two (a dict of them all costs
-    5 µs a request). Iterating (R8) reads them all once."""
+    5 µs a request). Iterating (R8) reads them all once.
+
+    It keeps the request's `tools`, and its messages only when a `tool_reference` among them
+    may load a deferred tool: the guard lives as long as the stream, and the parsed
+    conversation would live with it (the record keeps the request as bytes only, once the
+    answer has begun: `RequestRecord.release_parsed`)."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
-        self._body = body
+        self._tools: list[Any] = body.get("tools") or []
+        messages = body.get("messages") or []
+        self._messages: list[Any] | None = (
+            messages if holds(messages, "tool_reference") else None)
         self._loaded: set[str] | None = None
         self._all: dict[str, Any] | None = None
         self._found: dict[str, Any] = {}
@@ -160,13 +174,14 @@ class RequestSchemas(Mapping[str, Any]):
         if not tool.get("defer_loading"):
             return True
         if self._loaded is None:
-            self._loaded = referenced_tool_names(self._body.get("messages") or [])
+            self._loaded = referenced_tool_names(self._messages or [])
+            self._messages = None
         return tool["name"] in self._loaded
 
     def __getitem__(self, name: str) -> Any:
         if name in self._found:
             return self._found[name]
-        for tool in self._body.get("tools") or ():
+        for tool in self._tools:
             if isinstance(tool, dict) and tool.get("name") == name and self._offered(tool):
                 self._found[name] = tool.get("input_schema")
                 return self._found[name]
@@ -175,7 +190,7 @@ class RequestSchemas(Mapping[str, Any]):
     def _every(self) -> dict[str, Any]:
         if self._all is None:
             self._all = {tool["name"]: tool.get("input_schema")
-                         for tool in self._body.get("tools") or () if self._offered(tool)}
+                         for tool in self._tools if self._offered(tool)}
         return self._all
 
     def __iter__(self) -> Iterator[str]:
