@@ -24,12 +24,14 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from claude_proxy.errors import ProxyError
 
 logger = logging.getLogger("claude_proxy.lifecycle")
+
+T = TypeVar("T")
 
 FINAL_WRITES = 5.0
 """Seconds uvicorn waits past DRAIN_TIMEOUT for the last events to reach the clients."""
@@ -55,10 +57,18 @@ class Reading:
         self.waiting = False
         self.due = False
 
-    def cut(self) -> bool:
-        """For a CancelledError while waiting: whether the drain's end caused it (the
-        cancellation is then taken back)."""
-        return self.due and self.task is not None and self.task.uncancel() == 0
+    async def next_of(self, items: AsyncIterator[T]) -> T | None:
+        """The next of `items` (None at their end), read as a wait the drain's end may cut:
+        then `Drained`, the cancellation taken back."""
+        self.waiting = True
+        try:
+            return await anext(items, None)
+        except asyncio.CancelledError:
+            if self.due and self.task is not None and self.task.uncancel() == 0:
+                raise Drained() from None
+            raise
+        finally:
+            self.waiting = False
 
 
 def graceful_shutdown(delay: float, timeout: float) -> float:

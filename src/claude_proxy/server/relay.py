@@ -152,14 +152,7 @@ async def relay_events(converter: StreamConverter, stream: Batches,
         while not (stream.said_done or converter.stopped):
             if reading.due:
                 raise Drained()
-            reading.waiting = True
-            try:
-                batch = await anext(stream, None)
-            except asyncio.CancelledError:
-                if reading.cut():
-                    raise Drained() from None
-                raise
-            reading.waiting = False
+            batch = await reading.next_of(stream)
             if batch is None:
                 break
             if loop.time() > deadline:
@@ -208,18 +201,13 @@ async def drained(frames: AsyncGenerator[bytes, None], drain: Drain) -> AsyncIte
     reading = drain.stream()
     try:
         while not reading.due:
-            reading.waiting = True
-            try:
-                frame = await anext(frames, None)
-            except asyncio.CancelledError:
-                if not reading.cut():
-                    raise
-                break
-            reading.waiting = False
+            frame = await reading.next_of(frames)
             if frame is None:
                 return
             yield frame
-        yield _frame([Drained().body()], current_record().events)
+        raise Drained()
+    except Drained as error:
+        yield _frame([error.body()], current_record().events)
     finally:
         drain.closed(reading)
         await frames.aclose()

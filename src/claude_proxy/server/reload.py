@@ -168,7 +168,8 @@ class Reloader:
         task.add_done_callback(self._tasks.discard)
 
     async def _watch(self) -> None:
-        """Reloads when a watched file's identity (inode, size, change time) changes."""
+        """Reloads when a watched file's identity or version (inode, size, modification time)
+        changes."""
         seen = self._stamps()
         while True:
             await asyncio.sleep(WATCH_SECONDS)
