@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -176,7 +177,8 @@ def test_one_probe_for_the_fleet_and_the_doubled_cooldown_is_shared(
             (first if taken[0] else second).record_success()
             await a.sync()
             await b.sync()
-            assert await until(lambda: not first.is_cooling() and not second.is_cooling())
+            # the success's notice reaches the other (a due record unprobed is not "cooling")
+            assert await until(lambda: first.reopens_at() == second.reopens_at() == -math.inf)
             assert await first.take() and await second.take()
         finally:
             await a.close()
@@ -246,6 +248,50 @@ def test_a_flush_redis_applies_after_its_reply_timed_out_is_not_applied_twice(
 
     run(scenario)
     assert redis.Redis(port=redis_server.port).xlen(f"{keys}usage") == 1
+
+
+def test_a_budget_check_after_writes_of_every_kind_is_one_command(tmp_path: Path) -> None:
+    """The queued writes (counters, a record, a log entry, minute counters) and the read of a
+    spend after them reach Redis as one command, and so does a `sync`: one reply to wait
+    for (a pipeline of a script per kind and a GET was three)."""
+    server = RedisServer(free_port(), tmp_path).start()
+    client = redis.Redis(port=server.port)
+
+    def scripts_run() -> int:
+        return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    async def scenario() -> None:
+        store = RedisStore(server.url, "t:", timeout=1.0, process="host-a:1")
+        await store.start()
+        try:
+            client.config_resetstat()
+            store.add("spend:team:month", 0.25, ttl=600)
+            store.add("rpm:team:1", 1, ttl=120)
+            store.put("row:req_1", {"status": 200}, ttl=600)
+            store.append("usage", {"request": "req_1"}, maxlen=50)
+            store.add_fields("minute:1", {"status|200": 1}, ttl=600)
+            assert await store.fresh_total("spend:team:month", 600) == 0.25
+            assert scripts_run() == 1
+            store.add("spend:team:month", 0.5, ttl=600)
+            store.append("usage", {"request": "req_2"}, maxlen=50)
+            await store.sync()
+            assert scripts_run() == 2
+            assert await store.fresh_total("spend:team:month", 600) == 0.75  # a GET alone
+            assert scripts_run() == 2
+        finally:
+            await store.close()
+
+    try:
+        run(scenario)
+        assert client.get("t:spend:team:month") == b"0.75"
+        assert client.get("t:rpm:team:1") == b"1"
+        assert 0 < client.ttl("t:spend:team:month") <= 600
+        assert client.get("t:row:req_1") == b'{"status":200}'
+        assert [json.loads(fields[b"e"]) for _, fields in client.xrange("t:usage")] == [
+            {"request": "req_1"}, {"request": "req_2"}]
+        assert client.hgetall("t:minute:1") == {b"status|200": b"1"}
+    finally:
+        server.kill()
 
 
 # ---------------------------------------------------------------- replicas and workers

@@ -4,7 +4,7 @@ Cheap on the hot path and never in its way:
 - reads (`get`, `total`) come from a local copy that is kept fresh (mirror.py: at most about
   a second old, the mirrored families pushed at once by change notices);
 - writes (`add`, `put`, `delete`, `append`, `add_fields`) change the local copy and are queued
-  (write_queue.py); the background task sends them in one pipeline every FLUSH_DELAY at most,
+  (write_queue.py); the background task sends them in one command every FLUSH_DELAY at most,
   off the response's critical path (`sync` sends them now, for the few the fleet must see at
   once), each batch applied once however often it is sent;
 - every call waits at most REDIS_TIMEOUT. A failed or slow call opens a breaker around Redis:
@@ -49,7 +49,7 @@ T = TypeVar("T")
 LOG_PAGE = 2000
 """Log entries read in one call."""
 FLUSH_DELAY = 0.05
-"""Writes wait this long to share a pipeline with the next requests' (`sync` does not)."""
+"""Writes wait this long to share a round trip with the next requests' (`sync` does not)."""
 DURABILITY_SECONDS = 10.0
 """How long what Redis said of its persistence is shown before it is asked again."""
 
@@ -335,7 +335,7 @@ class RedisStore(StateStore):
             await self.mirror.refresh_watched()
 
     async def _flush(self) -> None:
-        """Every queued write in one pipeline; on failure they stay queued (bounded)."""
+        """Every queued write in one command; on failure they stay queued (bounded)."""
         async with self.queue.lock:
             await self.queue.flush()
 

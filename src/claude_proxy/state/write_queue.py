@@ -1,8 +1,9 @@
 """The Redis store's write-behind queue: what this process wrote that Redis has not confirmed.
 
 What it guarantees:
-- a write returns at once; the queue sends what gathered in one pipeline (the store flushes
-  it FLUSH_DELAY after the first write, or at once for `sync`), off the request's path;
+- a write returns at once; the queue sends what gathered in one command (one script, APPLY:
+  one reply to wait for; the store flushes it FLUSH_DELAY after the first write, or at once
+  for `sync`), off the request's path;
 - each batch of counter increments, and each flush of records, log entries and minute
   counters, is applied by Redis once, however often it is sent: it goes under an id that a
   script remembers (BATCH_MEMORY_MS), so one whose reply timed out (a paused Redis may still
@@ -49,37 +50,43 @@ UNCONFIRMED_LIMIT = 256
 FLUSH_OPS = 256
 """The most operations in one flush."""
 FLUSHES_PER_CALL = 8
-"""Flushes sent in one pipeline (one round trip, one REDIS_TIMEOUT)."""
-INCREMENT_ONCE = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
-for i = 2, #KEYS do
-  redis.call('INCRBYFLOAT', KEYS[i], ARGV[2 * i - 2])
-  local ttl = tonumber(ARGV[2 * i - 1])
-  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
-end
-return 1
-"""
-"""Adds a batch of counter increments once, whatever how often it is sent."""
-WRITE_ALL = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
-local ops = cjson.decode(ARGV[2])
-for _, op in ipairs(ops) do
-  local kind = op[1]
-  if kind == 's' then
-    if op[4] > 0 then redis.call('SET', op[2], ARGV[op[3]], 'PX', op[4])
-    else redis.call('SET', op[2], ARGV[op[3]]) end
-  elseif kind == 'd' then redis.call('DEL', op[2])
-  elseif kind == 'p' then redis.call('PUBLISH', op[2], ARGV[op[3]])
-  elseif kind == 'x' then redis.call('XADD', op[2], 'MAXLEN', '~', op[4], '*', 'e', ARGV[op[3]])
-  elseif kind == 'h' then redis.call('HINCRBYFLOAT', op[2], op[3], op[4])
-  elseif kind == 'e' then redis.call('EXPIRE', op[2], op[3])
+"""Flushes sent in one command (one round trip, one REDIS_TIMEOUT)."""
+HEAD = 3
+"""APPLY's first arguments: the ids' lifetime, the parts, the key read after them."""
+APPLY = """
+local applied = 0
+for _, part in ipairs(cjson.decode(ARGV[2])) do
+  if redis.call('SET', part[1], '1', 'NX', 'PX', ARGV[1]) then
+    applied = applied + 1
+    for _, c in ipairs(part[3]) do
+      redis.call('INCRBYFLOAT', c[1], c[2])
+      if c[3] > 0 then redis.call('EXPIRE', c[1], c[3]) end
+    end
+    local base = part[2]
+    for _, op in ipairs(part[4]) do
+      local kind = op[1]
+      if kind == 's' then
+        if op[4] > 0 then redis.call('SET', op[2], ARGV[base + op[3]], 'PX', op[4])
+        else redis.call('SET', op[2], ARGV[base + op[3]]) end
+      elseif kind == 'd' then redis.call('DEL', op[2])
+      elseif kind == 'p' then redis.call('PUBLISH', op[2], ARGV[base + op[3]])
+      elseif kind == 'x' then
+        redis.call('XADD', op[2], 'MAXLEN', '~', op[4], '*', 'e', ARGV[base + op[3]])
+      elseif kind == 'h' then redis.call('HINCRBYFLOAT', op[2], op[3], op[4])
+      elseif kind == 'e' then redis.call('EXPIRE', op[2], op[3])
+      end
+    end
   end
 end
-return #ops
+if ARGV[3] ~= '' then return redis.call('GET', ARGV[3]) end
+return applied
 """
-"""A flush's writes (records, notices, log entries, minute counters) as one command, applied
-once per id (KEYS[1]) like INCREMENT_ONCE: the operations in ARGV[2] (JSON), the values they
-name in the ARGV that follow."""
+"""Everything one round trip sends, as one command (one reply to wait for and parse, one
+script run in Redis): the parts in ARGV[2] (JSON), each `[id, base, increments, operations]`
+applied once per id (a part sent again after its reply timed out is skipped); increments
+`[key, amount, ttl]` (the amount as text: INCRBYFLOAT reads all its digits); operations
+(records, notices, log entries, minute counters) name their values by index from `base`
+among the ARGV that follow; then the value of ARGV[3] (none when empty)."""
 
 
 class WriteQueue:
@@ -93,7 +100,7 @@ class WriteQueue:
         self.notice = notice
         self.channel = channel
         self.lock = asyncio.Lock()
-        """One pipeline at a time, so that `sync` also waits for the one under way; refreshes
+        """One flush at a time, so that `sync` also waits for the one under way; refreshes
         of counters take it too (a batch in flight may already be in Redis's value)."""
         self._owed: Increments = {}
         """Counter increments not yet sent."""
@@ -107,8 +114,7 @@ class WriteQueue:
         """Keys written by unconfirmed flushes."""
         self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
         self._fields: dict[str, tuple[dict[str, float], float]] = {}
-        self._increment = client.register_script(INCREMENT_ONCE)
-        self._write_all = client.register_script(WRITE_ALL)
+        self._apply = client.register_script(APPLY)
 
     # ------------------------------------------------------------ queueing
 
@@ -163,11 +169,7 @@ class WriteQueue:
         """The scripts, loaded once (a restarted Redis has lost them: its NOSCRIPT opens the
         breaker, and they are loaded again when it is back), so that a flush is one EVALSHA,
         not a SCRIPT EXISTS first."""
-        async def load() -> None:
-            for script in (INCREMENT_ONCE, WRITE_ALL):
-                await self.client.script_load(script)
-
-        await self.call(load)
+        await self.call(lambda: self.client.script_load(APPLY))
 
     async def flush(self, read: str | None = None) -> tuple[bool, Any]:
         """Every queued write, in as few round trips as the backlog allows, and with `read`,
@@ -192,28 +194,32 @@ class WriteQueue:
     async def _send(self, batches: list[tuple[str, Increments]],
                     writes: list[tuple[str, Flush]],
                     read: str | None = None) -> tuple[bool, Any]:
-        """One pipeline: counter batches and flushes, each applied once (by its id), and the
-        value of `read` after them."""
-        pipe = self.client.pipeline(transaction=False)
+        """One command (APPLY): counter batches and flushes, each applied once (by its id),
+        and the value of `read` after them."""
+        parts: list[bytes] = []
+        values: list[bytes] = []
         for batch, counters in batches:
-            keys = [f"{self.prefix}batch:{batch}", *(self.prefix + key for key in counters)]
-            args: list[float] = [BATCH_MEMORY_MS]
-            for amount, ttl in counters.values():
-                args += [amount, max(1, int(ttl)) if ttl is not None else 0]
-            pipe.evalsha(self._increment.sha, len(keys), *keys, *args)
-        for flush, (ops, values, _) in writes:
-            pipe.evalsha(self._write_all.sha, 1, f"{self.prefix}batch:{flush}",
-                         BATCH_MEMORY_MS, ops, *values)
-        if read is not None:
-            pipe.get(read)
-        answers = await self.call(pipe.execute)
-        if answers is None:
+            parts.append(orjson.dumps([
+                f"{self.prefix}batch:{batch}", HEAD, [
+                    [self.prefix + key, repr(amount), max(1, int(ttl)) if ttl is not None else 0]
+                    for key, (amount, ttl) in counters.items()], []]))
+        for flush, (ops, named, _) in writes:
+            parts.append(b"[%b,%d,[],%b]" % (orjson.dumps(f"{self.prefix}batch:{flush}"),
+                                             HEAD + len(values), ops))
+            values += named
+
+        async def apply() -> tuple[Any]:  # a tuple: a key read may be None
+            return (await self.client.evalsha(self._apply.sha, 0, BATCH_MEMORY_MS,
+                                              b"[%b]" % b",".join(parts), read or "", *values),)
+
+        answered = await self.call(apply)
+        if answered is None:
             return False, None
         for batch, _ in batches:
             self._batches.pop(batch, None)
         for flush, _ in writes:
             self._confirmed(flush)
-        return True, answers[-1] if read is not None else None
+        return True, answered[0] if read is not None else None
 
     def _take_writes(self) -> None:
         """The queued records, log entries and minute counters as one flush under a new id
@@ -256,14 +262,15 @@ class WriteQueue:
                     appends: list[tuple[str, bytes, int]],
                     fields: dict[str, tuple[dict[str, float], float]],
                     ) -> tuple[list[list[Any]], list[bytes]]:
-        """The writes as WRITE_ALL's operations, and the values they name (by ARGV index):
-        one command for the whole flush, so that Redis answers once, not once a write."""
+        """The writes as APPLY's operations, and the values they name (by their index from
+        the part's base): one command for the whole flush, so that Redis answers once, not
+        once a write."""
         ops: list[list[Any]] = []
         values: list[bytes] = []
 
         def value(raw: bytes) -> int:
             values.append(raw)
-            return len(values) + 2  # ARGV[1] is the id's lifetime, ARGV[2] the operations
+            return len(values)  # APPLY reads it at ARGV[base + this]
 
         for key, (raw, ttl) in records.items():
             if raw is None:
