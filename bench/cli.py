@@ -412,7 +412,7 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             results["tool_calls"] = tool_calls.results(args.scale)
         if "team" in names:
             log("[team]")
-            results["team"] = team.run(workdir, log)
+            results["team"] = team.run(workdir, log, args.source)
         document: dict[str, Any] = {
             "meta": meta, "scenarios": results, "cpu": repeats.combine(cpu),
             "spread": repeats.spread(runs) if len(runs) > 1 else {}, "runs": runs}

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.install import production_python
 from bench.procs import (
     AS_USERS_RUN_IT,
@@ -44,6 +46,7 @@ from bench.redis_column import measure, start_redis
 TEAM_KEY = "sk-team-bench-key-0123456789"
 ROUNDS = 5
 REQUESTS = 200
+WARMUP = 30
 
 
 def config(upstream_url: str) -> str:
@@ -79,12 +82,13 @@ def start_receiver(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return process, f"http://127.0.0.1:{port}"
 
 
-def run(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Both proxies, measured in turn; `{"note": ...}` when redis-server is missing."""
+def run(workdir: Path, log: Callable[[str], None], source: Path = ROOT) -> dict[str, Any]:
+    """Both proxies from `source`'s production install (`--source`, as the other scenarios),
+    measured in turn; `{"note": ...}` when redis-server is missing."""
     if shutil.which("redis-server") is None:
         log("  team column skipped: redis-server is not installed (make redis)")
         return {"note": "redis-server is not installed"}
-    python = production_python(log, extras="otel")
+    python = production_python(log, source, extras="otel")
     upstream = start_upstream(workdir, name="team-upstream")
     redis, redis_url = start_redis(workdir)
     receiver, collector = start_receiver(workdir)
@@ -97,7 +101,11 @@ def run(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_SERVICE_NAME": "claude-proxy-bench"})
     try:
         log(f"  team column: {ROUNDS} rounds of {REQUESTS} requests to each of bare, team")
-        return asyncio.run(_rounds(bare, team, [redis.pid, receiver.pid]))
+        scripts = Scripts(redis_url)
+        measured = asyncio.run(_rounds(bare, team, [redis.pid, receiver.pid]))
+        measured["team"]["redis_scripts"] = scripts.per_request(
+            measured["rounds"] * (REQUESTS + WARMUP))
+        return measured
     finally:
         for process in (bare, team, upstream):
             process.stop()
@@ -106,11 +114,27 @@ def run(workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
             helper.wait()
 
 
+class Scripts:
+    """Redis's count of the team proxy's script calls (EVALSHA: each flush of its writes,
+    the budget check's read included, is one), from INFO commandstats."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.before = self.count()
+
+    def count(self) -> int:
+        stats = self.client.info("commandstats").get("cmdstat_evalsha", {})
+        return int(stats.get("calls", 0))
+
+    def per_request(self, requests: int) -> float:
+        return round((self.count() - self.before) / requests, 2)
+
+
 async def _rounds(bare: Managed, team: Managed, helpers: list[int]) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {"bare": [], "team": []}
     for _ in range(ROUNDS):  # in turn, so that a change of the machine's speed hits both
-        rounds["bare"].append(await measure(bare.url, [bare.pid], REQUESTS, 30))
-        rounds["team"].append(await measure(team.url, [team.pid, *helpers], REQUESTS, 30,
+        rounds["bare"].append(await measure(bare.url, [bare.pid], REQUESTS, WARMUP))
+        rounds["team"].append(await measure(team.url, [team.pid, *helpers], REQUESTS, WARMUP,
                                             key=TEAM_KEY))
     return summarise(rounds)
 
@@ -154,5 +178,6 @@ def table(measured: dict[str, Any]) -> str:
         f"{'proxy CPU per request (ms)':<28} {bare['proxy_cpu_ms']:>8.3f} "
         f"{team['proxy_cpu_ms']:>8.3f}   x{measured['cpu_ratio']:.3f} ({low:.3f}–{high:.3f})",
         f"{'redis-server, collector (ms)':<28} {'':>8} {team['redis_cpu_ms']:>4.3f}, "
-        f"{team['collector_cpu_ms']:.3f}"])
+        f"{team['collector_cpu_ms']:.3f}",
+        f"{'Redis script calls a request':<28} {'':>8} {team.get('redis_scripts', '?'):>8}"])
 
