@@ -15,9 +15,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -250,15 +252,22 @@ def test_a_flush_redis_applies_after_its_reply_timed_out_is_not_applied_twice(
     assert redis.Redis(port=redis_server.port).xlen(f"{keys}usage") == 1
 
 
-def test_a_budget_check_after_writes_of_every_kind_is_one_command(tmp_path: Path) -> None:
-    """The queued writes (counters, a record, a log entry, minute counters) and the read of a
-    spend after them reach Redis as one command, and so does a `sync`: one reply to wait
-    for (a pipeline of a script per kind and a GET was three)."""
+def commands(client: redis.Redis) -> dict[str, int]:
+    """Redis's count of each command since CONFIG RESETSTAT (a script's own calls too)."""
+    return {name.removeprefix("cmdstat_"): int(stats["calls"])
+            for name, stats in client.info("commandstats").items()
+            if name != "cmdstat_config|resetstat"}
+
+
+def test_a_budget_check_is_one_get_and_a_charge_one_script_not_waited_for(
+        tmp_path: Path) -> None:
+    """A keyed request's Redis work on its path: the spend read by one GET (the writes queued
+    so far are what this process owes, added to it, and go later, off the path), and the
+    charge written as one script (APPLY: every queued write of every kind, each batch applied
+    once) whose reply the next call reads. A read while a sent batch is unconfirmed sends it
+    again with the read, in one command."""
     server = RedisServer(free_port(), tmp_path).start()
     client = redis.Redis(port=server.port)
-
-    def scripts_run() -> int:
-        return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
     async def scenario() -> None:
         store = RedisStore(server.url, "t:", timeout=1.0, process="host-a:1")
@@ -271,13 +280,17 @@ def test_a_budget_check_after_writes_of_every_kind_is_one_command(tmp_path: Path
             store.append("usage", {"request": "req_1"}, maxlen=50)
             store.add_fields("minute:1", {"status|200": 1}, ttl=600)
             assert await store.fresh_total("spend:team:month", 600) == 0.25
-            assert scripts_run() == 1
+            assert commands(client) == {"get": 1}
+            await store.post()  # everything queued, in one script
+            assert await store.fresh_total("spend:team:month", 600) == 0.25  # its reply read
+            assert commands(client)["evalsha"] == 1 and commands(client)["get"] == 2
             store.add("spend:team:month", 0.5, ttl=600)
             store.append("usage", {"request": "req_2"}, maxlen=50)
-            await store.sync()
-            assert scripts_run() == 2
-            assert await store.fresh_total("spend:team:month", 600) == 0.75  # a GET alone
-            assert scripts_run() == 2
+            # as after a reply that timed out: the batch sent, Redis's answer unknown
+            store.queue._batches["unconfirmed"] = store.queue._owed
+            store.queue._owed = {}
+            assert await store.fresh_total("spend:team:month", 600) == 0.75
+            assert commands(client)["evalsha"] == 2 and commands(client)["get"] == 3
         finally:
             await store.close()
 
@@ -292,6 +305,65 @@ def test_a_budget_check_after_writes_of_every_kind_is_one_command(tmp_path: Path
         assert client.hgetall("t:minute:1") == {b"status|200": b"1"}
     finally:
         server.kill()
+
+
+def test_a_charge_posted_to_a_paused_redis_waits_for_nothing_and_lands_once(
+        redis_server: RedisServer) -> None:
+    """`post` writes to Redis's connection and returns: a paused Redis opens no breaker (a
+    `sync` would wait REDIS_TIMEOUT for its reply, and fall back to in-process state); once
+    Redis reads it, it applies it, and the next call reads the reply: counted once."""
+    keys = prefix()
+
+    async def scenario() -> None:
+        store = RedisStore(redis_server.url, keys, timeout=0.1, process="host-a:1")
+        await store.start()
+        try:
+            redis_server.pause()
+            try:
+                store.add("spend:team", 1.5, ttl=600)
+                store.append("usage", {"request": "req_1"}, maxlen=50)
+                await store.post()
+                assert store.describe()["state"] == "redis ok"
+            finally:
+                redis_server.resume()
+            assert await store.fresh_total("spend:team", 600) == 1.5
+            assert store.describe()["state"] == "redis ok"
+            assert await store.read_log("usage", 10) == [{"request": "req_1"}]
+        finally:
+            await store.close()
+
+    run(scenario)
+    assert redis.Redis(port=redis_server.port).get(f"{keys}spend:team") == b"1.5"
+
+
+KILLED_AFTER_POST = """
+import asyncio, os, signal, sys
+from claude_proxy.state.redis import RedisStore
+
+async def charge_and_die():
+    store = RedisStore(sys.argv[1], sys.argv[2], timeout=1.0, process="doomed:1")
+    await store.start()
+    store.add("spend:team", 0.5, ttl=600)
+    store.append("usage", {"request": "req_1"}, maxlen=50)
+    await store.post()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(charge_and_die())
+"""
+
+
+def test_a_posted_charge_reaches_redis_though_its_process_is_killed_right_after(
+        redis_server: RedisServer) -> None:
+    """What `post` returned from is in Redis's hands: a replica killed (SIGKILL) right after
+    answering has lost neither the spend nor the usage entry."""
+    keys = prefix()
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_POST, redis_server.url, keys],
+                          timeout=60, check=False)
+    assert done.returncode == -signal.SIGKILL
+    client = redis.Redis(port=redis_server.port)
+    assert eventually(lambda: client.get(f"{keys}spend:team") == b"0.5")
+    assert [json.loads(fields[b"e"]) for _, fields in client.xrange(f"{keys}usage")] == [
+        {"request": "req_1"}]
 
 
 # ---------------------------------------------------------------- replicas and workers

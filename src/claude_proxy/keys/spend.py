@@ -121,13 +121,13 @@ class Ledger:
         return spec.budget_period if spec is not None else ADMIN_PERIOD
 
     async def settle(self, record: RequestRecord) -> None:
-        """Charges the request before its response ends, and waits until the charge reached
-        the shared store: a client that has its whole answer is never admitted again on a
-        spend that misses it, and a process killed after answering has lost no usage entry
-        (tests/soak.py). One round trip to the store at the end of a keyed request; none
-        without a shared store."""
+        """Charges the request before its response ends, and hands the charge to the shared
+        store (written to its connection; its reply is read by the next call): a client that
+        has its whole answer is never admitted again on a spend that misses it, and a process
+        killed after answering has lost no usage entry (tests/soak.py). One command written
+        at the end of a keyed request, not waited for; none without a shared store."""
         if self.charge(record):
-            await self.store.sync()
+            await self.store.post()
 
     def charge(self, record: RequestRecord) -> bool:
         """One finished request: its cost on the record (for the access line and dashboard),

@@ -40,7 +40,7 @@ from claude_proxy.state.mirror import (
     record_of,
 )
 from claude_proxy.state.store import Record, StateStore, display_url, process_name
-from claude_proxy.state.write_queue import NOT_READ, WriteQueue
+from claude_proxy.state.write_queue import WriteQueue
 
 logger = logging.getLogger("claude_proxy.state")
 
@@ -171,14 +171,11 @@ class RedisStore(StateStore):
         return await self._read_total(key, ttl)
 
     async def _read_total(self, key: str, ttl: float | None) -> float:
-        """Redis's value after this process's queued writes, plus what it still owes (the
-        local copy while Redis is away, failing open)."""
+        """Redis's value plus what this process still owes it (the local copy while Redis is
+        away, failing open)."""
         async with self.queue.lock:
-            sent, value = (await self.queue.flush(self.prefix + key) if self._up
+            sent, value = (await self.queue.read(self.prefix + key) if self._up
                            else (False, None))
-            if sent and value is NOT_READ:
-                value = await self._call(lambda: self._client.get(self.prefix + key))
-                sent = self._up
         if not (sent and self._up):
             return self.local.total(key)
         return self.mirror.counter_copy(key, value, ttl)
@@ -198,6 +195,12 @@ class RedisStore(StateStore):
     async def sync(self) -> None:
         if self._up:
             await self._flush()
+
+    async def post(self) -> None:
+        if self._up:
+            async with self.queue.lock:
+                await self.queue.post()
+            self._wake.set()  # the reply is read within FLUSH_DELAY if no request reads it
 
     @property
     def shared(self) -> bool:

@@ -117,6 +117,13 @@ class StateStore(ABC):
         (a cooldown just opened, a field just refused)."""
         return None
 
+    async def post(self) -> None:
+        """`sync`, but not waiting for the shared backend's reply: the writes made so far are
+        in its hands (written to its connection, so they reach it even if this process is
+        killed next) when this returns, and its reply is read later, by the next call (a
+        keyed request's charge, made before the answer's last byte)."""
+        await self.sync()
+
     async def durability(self) -> Record | None:
         """What a shared backend says of keeping its data across a restart and under memory
         pressure (`persistence`, `eviction`, a `warning` when spend would be lost); None for

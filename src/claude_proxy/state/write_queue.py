@@ -28,10 +28,9 @@ from typing import Any, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 
 T = TypeVar("T")
-NOT_READ: Any = object()
-"""`flush(read)`'s value when there was no write to send the read with."""
 Call = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """The store's breaker: one Redis operation within REDIS_TIMEOUT, None when it failed."""
 Notice = Callable[[str, bytes | None, float | None], bytes | None]
@@ -114,6 +113,9 @@ class WriteQueue:
         """Keys written by unconfirmed flushes."""
         self._appends: deque[tuple[str, bytes, int]] = deque(maxlen=PENDING_LIMIT)
         self._fields: dict[str, tuple[dict[str, float], float]] = {}
+        self._posted: tuple[AbstractConnection, list[tuple[str, Increments]],
+                            list[tuple[str, Flush]]] | None = None
+        """What `post` wrote whose reply is not read yet: its connection, what it carries."""
         self._apply = client.register_script(APPLY)
 
     # ------------------------------------------------------------ queueing
@@ -171,31 +173,112 @@ class WriteQueue:
         not a SCRIPT EXISTS first."""
         await self.call(lambda: self.client.script_load(APPLY))
 
+    async def read(self, key: str) -> tuple[bool, Any]:
+        """A counter's value in Redis, to which the caller adds what this process still owes
+        it (`owed_for`): one GET when Redis has confirmed every batch this process sent (what
+        is queued is owed, and waits for the next flush, off the request's path); else read
+        after those batches, sent again in the same command. Whether Redis answered, and the
+        value. The caller holds `lock`."""
+        if not await self.collect():
+            return False, None
+        if self._batches:  # sent, not confirmed: Redis's value may hold them or not
+            return await self.flush(key)
+
+        async def get() -> tuple[Any]:  # a tuple: the key may be missing (None)
+            return (await self.client.get(key),)
+
+        answered = await self.call(get)
+        return (False, None) if answered is None else (True, answered[0])
+
     async def flush(self, read: str | None = None) -> tuple[bool, Any]:
         """Every queued write, in as few round trips as the backlog allows, and with `read`,
-        that key's value read after them in the same round trip (a budget check: one round
-        trip, not two). Whether Redis confirmed them all (if not they stay queued, bounded),
-        and the value read (`NOT_READ` when there was nothing to send: the caller reads it
-        alone). The caller holds `lock`."""
-        if self._owed:
-            self._batches[uuid.uuid4().hex] = self._owed
-            self._owed = {}
-        self._take_writes()
-        batches = list(self._batches.items())
-        writes = list(self._unconfirmed.items())
+        that key's value read after them in the same round trip. Whether Redis confirmed them
+        all (if not they stay queued, bounded), and the value read (None when there was
+        nothing to send, and so nothing read). The caller holds `lock`."""
+        if not await self.collect():
+            return False, None
+        batches, writes = self._queued()
         if not (batches or writes):
-            return True, NOT_READ if read is not None else None
+            return True, None
         while len(writes) > FLUSHES_PER_CALL:  # a backlog: oldest first, a call at a time
             if not (await self._send(batches, writes[:FLUSHES_PER_CALL]))[0]:
                 return False, None
             batches, writes = [], writes[FLUSHES_PER_CALL:]
         return await self._send(batches, writes, read)
 
-    async def _send(self, batches: list[tuple[str, Increments]],
-                    writes: list[tuple[str, Flush]],
-                    read: str | None = None) -> tuple[bool, Any]:
-        """One command (APPLY): counter batches and flushes, each applied once (by its id),
-        and the value of `read` after them."""
+    async def post(self) -> bool:
+        """Every queued write handed to Redis (written to its connection) without waiting for
+        its reply, which the next call on the queue reads (`collect`): a charge is in Redis's
+        hands before the answer's last byte, and the answer does not wait for Redis. Whether
+        it was written. The caller holds `lock`."""
+        if not await self.collect():
+            return False
+        batches, writes = self._queued()
+        if len(writes) > FLUSHES_PER_CALL:  # a backlog: sent and confirmed in parts
+            return (await self.flush())[0]
+        if not (batches or writes):
+            return True
+        command = self._command(batches, writes, None)
+        pool = self.client.connection_pool
+
+        async def write() -> AbstractConnection:
+            connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+            try:
+                await connection.send_command("EVALSHA", *command)
+            except BaseException:
+                await connection.disconnect()
+                await pool.release(connection)
+                raise
+            return connection
+
+        connection = await self.call(write)
+        if connection is not None:
+            self._posted = (connection, batches, writes)
+        return connection is not None
+
+    async def collect(self) -> bool:
+        """The reply to what `post` wrote, if any: its writes are confirmed, or, when Redis
+        failed meanwhile, stay queued to be sent again (each applied once, by its id). Whether
+        Redis confirmed them. The caller holds `lock`."""
+        if self._posted is None:
+            return True
+        connection, batches, writes = self._posted
+        self._posted = None
+        pool = self.client.connection_pool
+        read_at_all = False
+
+        async def read() -> Any:
+            nonlocal read_at_all
+            read_at_all = True
+            try:
+                return await connection.read_response()
+            except BaseException:
+                await connection.disconnect()  # a reply may still come: never read it
+                raise
+            finally:
+                await pool.release(connection)
+
+        if await self.call(read) is None:
+            if not read_at_all:  # the breaker was already open
+                await connection.disconnect()
+                await pool.release(connection)
+            return False
+        self._sent(batches, writes)
+        return True
+
+    def _queued(self) -> tuple[list[tuple[str, Increments]], list[tuple[str, Flush]]]:
+        """What is to be sent: the counter batches and flushes not confirmed, oldest first
+        (the increments owed and the writes queued since taken as new ones)."""
+        if self._owed:
+            self._batches[uuid.uuid4().hex] = self._owed
+            self._owed = {}
+        self._take_writes()
+        return list(self._batches.items()), list(self._unconfirmed.items())
+
+    def _command(self, batches: list[tuple[str, Increments]], writes: list[tuple[str, Flush]],
+                 read: str | None) -> list[Any]:
+        """APPLY's EVALSHA arguments: counter batches and flushes, each applied once (by its
+        id), and the value of `read` after them."""
         parts: list[bytes] = []
         values: list[bytes] = []
         for batch, counters in batches:
@@ -207,19 +290,30 @@ class WriteQueue:
             parts.append(b"[%b,%d,[],%b]" % (orjson.dumps(f"{self.prefix}batch:{flush}"),
                                              HEAD + len(values), ops))
             values += named
+        return [self._apply.sha, 0, BATCH_MEMORY_MS, b"[%b]" % b",".join(parts), read or "",
+                *values]
+
+    async def _send(self, batches: list[tuple[str, Increments]],
+                    writes: list[tuple[str, Flush]],
+                    read: str | None = None) -> tuple[bool, Any]:
+        """One command, its reply awaited: whether Redis confirmed, and the value read."""
+        command = self._command(batches, writes, read)
 
         async def apply() -> tuple[Any]:  # a tuple: a key read may be None
-            return (await self.client.evalsha(self._apply.sha, 0, BATCH_MEMORY_MS,
-                                              b"[%b]" % b",".join(parts), read or "", *values),)
+            return (await self.client.evalsha(*command),)
 
         answered = await self.call(apply)
         if answered is None:
             return False, None
+        self._sent(batches, writes)
+        return True, answered[0] if read is not None else None
+
+    def _sent(self, batches: list[tuple[str, Increments]],
+              writes: list[tuple[str, Flush]]) -> None:
         for batch, _ in batches:
             self._batches.pop(batch, None)
         for flush, _ in writes:
             self._confirmed(flush)
-        return True, answered[0] if read is not None else None
 
     def _take_writes(self) -> None:
         """The queued records, log entries and minute counters as one flush under a new id
