@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from bench import count_tokens, repeats, report, scenarios, session, team, tool_
 from bench.client import (
     direct_target,
     floor_target,
+    io_floor_target,
     messages_target,
     new_client,
     proxy_target,
@@ -194,12 +196,23 @@ def open_proxy(workdir: Path, upstream_url: str, workers: int,
 
 def make_bench(proxy: Managed, upstream: Managed, scale: float,
                profiler: Profiler | None = None, floor: Managed | None = None,
-               messages: Managed | None = None) -> Bench:
+               messages: Managed | None = None, io_floor: Managed | None = None) -> Bench:
     return Bench(direct_target(upstream.url), proxy_target(proxy.url), upstream, proxy,
                  scale=scale, log=log, recorder=profiler.record if profiler else None,
                  floor=floor_target(floor.url) if floor else None, floor_process=floor,
                  messages=messages_target(messages.url) if messages else None,
-                 messages_process=messages)
+                 messages_process=messages,
+                 io_floor=io_floor_target(io_floor.url) if io_floor else None,
+                 io_floor_process=io_floor)
+
+
+def start_io_floor(workdir: Path, upstream_url: str, python: Path,
+                   names: list[str]) -> AbstractContextManager[Managed | None]:
+    """IO_FLOOR (bench/io_floor.py with the proxy's own HTTP protocol, the body's pieces
+    never joined: the least I/O on this stack) when the long conversations are measured."""
+    if "long_conversation" not in names:
+        return nullcontext()
+    return start_floor(workdir, upstream_url, python, name="io_floor", args=("--pieces",))
 
 
 def start_messages_proxy(workdir: Path, upstream_url: str, python: Path) -> Managed:
@@ -391,10 +404,12 @@ def run(workdir: Path, args: argparse.Namespace, names: list[str], meta: dict[st
             f"{proxy.url} ({meta['workers']} worker(s)); floor pid {floor.pid}; "
             f"messages proxy pid {messages.pid}; "
             f"{args.install} install ({meta['proxy_package']})")
-        with proxy, floor, messages:
+        with proxy, floor, messages, start_io_floor(workdir, upstream.url, python,
+                                                    names) as io_floor:
             if profiler is not None:
                 profiler.attach_to(proxy.pid)
-            bench = make_bench(proxy, upstream, args.scale, profiler, floor, messages)
+            bench = make_bench(proxy, upstream, args.scale, profiler, floor, messages,
+                               io_floor)
             runs, cpu = asyncio.run(run_passes(
                 bench, [name for name in names if name in SCENARIOS], args.repeats, meta))
         results = repeats.combine(runs)

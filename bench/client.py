@@ -107,6 +107,12 @@ def floor_target(floor_url: str) -> Target:
                   anthropic_message)
 
 
+def io_floor_target(url: str) -> Target:
+    """IO_FLOOR (bench/io_floor.py): the body passed on unchanged, the stack's I/O alone."""
+    return Target("io_floor", f"{url}/v1/messages", anthropic_body, anthropic_event,
+                  anthropic_message)
+
+
 class BenchError(Exception):
     """A response that is not what the upstream was scripted to produce."""
 

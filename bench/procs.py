@@ -265,13 +265,15 @@ def start_proxy(workdir: Path, upstream_url: str, workers: int = 1,
 
 
 def start_floor(workdir: Path, upstream_url: str, python: Path | None = None,
-                timeout: float = 30.0) -> Managed:
+                timeout: float = 30.0, name: str = "floor",
+                args: tuple[str, ...] = ()) -> Managed:
     """The FLOOR translator (`bench/floor.py`, run as a script by `python` from `workdir`, so
-    it imports only the installed stack), its `url` set."""
+    it imports only the installed stack), its `url` set; `name` "io_floor": IO_FLOOR
+    (`bench/io_floor.py`, given `args`)."""
     port = free_port()
-    argv = [str(python or sys.executable), str(ROOT / "bench" / "floor.py"),
-            "--port", str(port), "--upstream", upstream_url]
-    floor = Managed("floor", argv, clean_env({}), workdir / "floor.out", cwd=workdir)
+    argv = [str(python or sys.executable), str(ROOT / "bench" / f"{name}.py"),
+            "--port", str(port), "--upstream", upstream_url, *args]
+    floor = Managed(name, argv, clean_env({}), workdir / f"{name}.out", cwd=workdir)
     floor.url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(floor, timeout)

@@ -335,14 +335,16 @@ def conversation_table(measured: Results, spread: Results | None = None) -> str:
     medians over the runs, and the spread of the ratio."""
     spread = spread or {}
     lines = ["7. a Claude Code session's next turns (grown by file reads), server CPU per "
-             "request",
+             "request; IO_FLOOR: the body read and written upstream unchanged",
              f"{'size':>9} {'answer':>10} {'PROXY ms':>9} {'FLOOR ms':>9} {'P/F':>6} "
-             f"{'P/F range':>12}"]
+             f"{'P/F range':>12} {'IO ms':>7} {'IO/F':>6}"]
     for size, way, row in conversation_rows(measured):
         proxy = row.get("proxy", {}).get("server_cpu_ms", math.nan)
         floor = row.get("floor", {}).get("server_cpu_ms", math.nan)
+        io = row.get("io_floor", {}).get("server_cpu_ms", math.nan)
         low, high = spread.get(f"{size}kb_{way}", {}).get("proxy_over_floor", [math.nan] * 2)
         lines.append(f"{row['kb']:>6g} KB {way:>10} {number(proxy):>9} {number(floor):>9} "
                      f"{number(row['proxy_over_floor']):>6} "
-                     f"{number(low):>5}–{number(high):<6}")
+                     f"{number(low):>5}–{number(high):<6} {number(io):>7} "
+                     f"{number(row.get('io_floor_over_floor', math.nan)):>6}")
     return "\n".join(lines)

@@ -55,6 +55,10 @@ class Bench:
     messages: Target | None = None
     """The proxy in front of a Messages API upstream, run through the same phases."""
     messages_process: Managed | None = None
+    io_floor: Target | None = None
+    """IO_FLOOR (bench/io_floor.py): the long conversations' bodies passed on unchanged,
+    measured in that phase only, beside FLOOR."""
+    io_floor_process: Managed | None = None
 
     def count(self, full: int, minimum: int = 1) -> int:
         """A count from the issue, scaled by --scale."""
@@ -71,6 +75,8 @@ class Bench:
             found["floor"] = self.floor_process
         if self.messages_process is not None:
             found["messages"] = self.messages_process
+        if self.io_floor_process is not None:
+            found["io_floor"] = self.io_floor_process
         return found
 
     def server_name(self, target: Target) -> str:
@@ -385,12 +391,16 @@ async def long_conversation(bench: Bench) -> Result:
     and sent with the session's header, non-streamed and streamed, to PROXY and FLOOR (DIRECT
     has no conversation to translate), the sides taking turns in rounds. Reported: server CPU
     per request, and its ratio. 40 requests a size (after 4 that pay the session's first
-    parse and conversion): the conversation grows by 170 KB over them."""
+    parse and conversion): the conversation grows by 170 KB over them. IO_FLOOR, when
+    running, takes its turn too: what reading the body and writing it upstream unchanged
+    costs, the least any proxy on this stack pays for these bodies."""
     count, warmup = bench.count(40, 4), bench.count(4, 1)
     rounds = min(LONG_ROUNDS, count)
     result: Result = {"requests": count, "rounds": rounds, "sizes_kb": list(SIZES_KB)}
     session = {SESSION_HEADER: f"bench-long-{random.getrandbits(32):08x}"}
     sides = [target for target in bench.targets() if target is not bench.direct]
+    if bench.io_floor is not None:
+        sides.append(bench.io_floor)
     for size in SIZES_KB:
         for stream in (False, True):
             way = "stream" if stream else "nonstream"
@@ -406,6 +416,8 @@ async def long_conversation(bench: Bench) -> Result:
                     {"server_cpu_ms": bench.server_cpu_ms(f"{key}.{target.name}", target,
                                                           done)}, errors)
             row["proxy_over_floor"] = _over(row, "proxy", "floor")
+            if bench.io_floor is not None:
+                row["io_floor_over_floor"] = _over(row, "io_floor", "floor")
             result[f"{size}kb_{way}"] = row
     return result
 

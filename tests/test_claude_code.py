@@ -484,7 +484,7 @@ def test_a_sessions_next_request_reuses_the_messages_claude_code_sent_before(
     # them (a proxy without the memo sends the very bytes).
     converted = remembered.turns.last
     assert converted is not None and converted.sources[:2] == remembered.messages[:2]
-    assert converted.written is not None and converted.written.json == upstream.raw[2]
+    assert converted.written is not None and bytes(converted.written.json) == upstream.raw[2]
     whole = proxy_factory(provider="deepseek", middle_model="deepseek-reasoner",
                           reasoning_with_tools=True, thinking_signature_secret=SECRET,
                           session_memo_bytes=0)

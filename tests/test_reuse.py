@@ -27,10 +27,11 @@ from hypothesis import strategies as st
 
 from claude_proxy.config.file import load_config_file
 from claude_proxy.config.settings import ProviderSettings, Settings
+from claude_proxy.conversion import reuse
 from claude_proxy.conversion.census import checked
 from claude_proxy.conversion.reasoning import tool_call_extra
 from claude_proxy.conversion.request_converter import convert_request
-from claude_proxy.conversion.reuse import Converted, Slot
+from claude_proxy.conversion.reuse import MOST_PIECES, Converted, Slot, Spliced
 from claude_proxy.conversion.signatures import Origin, ThinkingSigner
 from claude_proxy.server.app import create_app
 from claude_proxy.server.incremental import SessionBodies
@@ -205,11 +206,15 @@ def _reused(before: Converted | None, after: Converted | None) -> int:
                and bool(before.messages) and after.messages[0] is before.messages[0])
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_long_tool_loop_reuses_all_but_the_last_turn(pair: Pair, stream: bool) -> None:
+@pytest.mark.parametrize(("stream", "most_pieces"), [(False, MOST_PIECES), (True, MOST_PIECES),
+                                                    (False, 1)])
+def test_a_long_tool_loop_reuses_all_but_the_last_turn(
+        pair: Pair, stream: bool, most_pieces: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded request grown by Read turns (the bench's session): each next turn
     reuses every converted message but those of the last message (its marker moved), and
-    what is written is the whole conversion's bytes."""
+    what is written is the whole conversion's bytes (also when the shared prefix's pieces
+    are joined, as they are once they are many: `most_pieces` 1)."""
+    monkeypatch.setattr(reuse, "MOST_PIECES", most_pieces)
     pair.forget()
     session = f"grown-{uuid.uuid4()}"
     previous: Converted | None = None
@@ -228,17 +233,31 @@ def test_a_long_tool_loop_reuses_all_but_the_last_turn(pair: Pair, stream: bool)
         previous = converted
 
 
+@given(st.lists(st.binary(max_size=6), max_size=6), st.integers(0, 40), st.integers(0, 40))
+def test_a_spliced_bodys_cut_is_the_bytes_between(pieces: list[bytes], start: int,
+                                                  end: int) -> None:
+    """`Spliced.cut` gives the very bytes the joined body has between two offsets, from
+    pieces that are bytes or views, whole or cut."""
+    spliced = Spliced([piece if index % 2 else memoryview(piece)
+                       for index, piece in enumerate(pieces)], sum(map(len, pieces)))
+    whole = bytes(spliced)
+    assert whole == b"".join(pieces) and len(spliced) == len(whole)
+    assert b"".join(spliced.cut(start, end)) == whole[start:end]
+
+
 def _written_as_converted(converted: Converted) -> None:
     """Every kept converted message still is what its bytes say (nothing changed one in
     place after it was written)."""
     written = converted.written
     assert written is not None
+    json = bytes(written.json)
+    assert len(json) == len(written.json)
     at = written.start
     for index, end in enumerate(written.ends):
         first = converted.ends[index - 1] if index else 0
         pieces = [b"," + orjson.dumps(message)
                   for message in converted.messages[first:converted.ends[index]]]
-        assert written.json[at:end] == b"".join(pieces)
+        assert json[at:end] == b"".join(pieces)
         at = end
 
 
@@ -408,7 +427,7 @@ def test_the_reasoning_fields_said_added_are_a_whole_conversions(provider: str) 
         body["messages"] = checked(body["messages"], ROLES)
         upstream = convert_request(body, settings, model=model, is_ours=lambda block: True,
                                    opaque_for=opaque_for, slot=slot)
-        return encoded(upstream.body), upstream.extras
+        return bytes(encoded(upstream.body)), upstream.extras
 
     bodies = SessionBodies()
     request = {key: value for key, value in TOOL_LOOP.items() if key != "thinking"}

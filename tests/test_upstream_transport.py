@@ -16,7 +16,7 @@ import ssl
 import subprocess
 import threading
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ import aiohttp
 import httpx
 import orjson
 import pytest
+import uvloop
 
 from claude_proxy.config.settings import Settings
+from claude_proxy.conversion.reuse import Spliced
 from claude_proxy.errors import ProxyError
 from claude_proxy.server.app import create_app
 from claude_proxy.upstream.client import EXACT_BELOW, OpenAIClient, encoded
@@ -34,6 +36,7 @@ from claude_proxy.upstream.transport import (
     OneShotBody,
     UpstreamHttpClient,
     httpx_error_for,
+    shared_ssl_context,
 )
 from tests.scripted_upstream import bind_loopback
 
@@ -51,6 +54,7 @@ class RawServer:
                  hold: bool = False) -> None:
         self.reply, self.tls, self.hold = reply, tls, hold
         self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
         self.open = self.most_open = 0
         self.closed = threading.Event()
         self.sock = bind_loopback()
@@ -72,7 +76,7 @@ class RawServer:
                 self.heads.append(head)
                 length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
+                self.bodies.append(await reader.readexactly(length))
                 if self.hold:  # never answer: the client gives up (cancels) first
                     await reader.read()
                     return
@@ -198,6 +202,46 @@ def test_ssl_cert_file_names_the_ca_to_trust(certificate: tuple[Path, Path], tru
                               aiohttp.ClientConnectorCertificateError)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("tls", [False, True])
+@pytest.mark.parametrize("loop", [asyncio.new_event_loop, uvloop.new_event_loop])
+def test_a_spliced_body_arrives_as_the_bytes_it_joins_to(
+        certificate: tuple[Path, Path], tls: bool, loop: Callable[[], asyncio.AbstractEventLoop],
+        no_proxy_env: pytest.MonkeyPatch) -> None:
+    """A session's next turn goes out in the pieces it was written in (conversion/reuse.py
+    `Spliced`: bytes and views, one `writelines`): the server reads the very bytes they join
+    to, in plain text and over TLS, on uvloop's transports and on asyncio's."""
+    context = None
+    if tls:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*certificate)
+        no_proxy_env.setenv("SSL_CERT_FILE", str(certificate[0]))
+    whole = bytes(range(256)) * 4096
+    view = memoryview(whole)
+    spliced = Spliced([view[:10], whole[10:300_000], b"", view[300_000:900_001],
+                       whole[900_001:]], len(whole))
+    server = RawServer(tls=context)
+    scheme = "https" if tls else "http"
+
+    async def send() -> int:
+        transport = AiohttpTransport(shared_ssl_context(), httpx.Limits())
+        request = httpx.Request("POST", f"{scheme}://127.0.0.1:{server.port}/v1/x",
+                                headers={"content-length": str(len(spliced))},
+                                stream=OneShotBody(spliced))
+        try:
+            response = await transport.handle_async_request(request)
+            await response.aread()
+            return response.status_code
+        finally:
+            await transport.aclose()
+
+    try:
+        with asyncio.Runner(loop_factory=loop) as runner:
+            assert runner.run(send()) == 200
+    finally:
+        server.stop()
+    assert server.bodies == [whole]
 
 
 # ---------------------------------------------------------------- timeouts and limits

@@ -39,6 +39,15 @@ log line or carry markup."""
 TOKEN_KINDS = ("cache_read", "cache_write", "input", "output", "reasoning", "cached")
 
 
+class Sent(Protocol):
+    """A body as it was sent: bytes, or the pieces it was written in, which `bytes()` joins
+    (a session's next turn: conversion/reuse.py `Spliced`)."""
+
+    def __len__(self) -> int: ...
+
+    def __bytes__(self) -> bytes: ...
+
+
 class RequestTrace(Protocol):
     """The request's OpenTelemetry trace (`telemetry/`): told each moment `mark` records, so
     the layers below need no call of their own. None on the record unless OpenTelemetry is
@@ -115,7 +124,7 @@ class RequestRecord:
     """The request as last sent upstream, for as long as `client_body`."""
     client_json: bytes | None = None
     """The client's request as it was received: what the inspector keeps (`for_keeping`)."""
-    upstream_json: bytes | None = None
+    upstream_json: Sent | None = None
     """The request as last sent upstream, as it was sent: what the inspector keeps."""
     added: dict[str, Any] = field(default_factory=dict)
     """The reasoning fields the proxy added to the upstream request."""

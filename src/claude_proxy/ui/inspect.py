@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from claude_proxy.conversion.response_converter import collect_message
-from claude_proxy.record import RequestRecord
+from claude_proxy.record import RequestRecord, Sent
 from claude_proxy.sse import decode_frames
 
 logger = logging.getLogger("claude_proxy.ui")
@@ -187,11 +187,11 @@ def error_of(record: RequestRecord) -> dict[str, Any] | None:
     return None
 
 
-def _body(parsed: dict[str, Any] | None, sent: bytes | None) -> dict[str, Any] | None:
+def _body(parsed: dict[str, Any] | None, sent: Sent | None) -> dict[str, Any] | None:
     """A body from the bytes it was sent as (the kept form), else as the request held it."""
     if sent is not None:
         try:
-            body = orjson.loads(sent)
+            body = orjson.loads(bytes(sent))
         except orjson.JSONDecodeError:
             return None
         return body if isinstance(body, dict) else None

@@ -30,7 +30,7 @@ import httpx
 import orjson
 
 from claude_proxy.config.settings import ProviderSettings
-from claude_proxy.conversion.reuse import Prewritten
+from claude_proxy.conversion.reuse import Prewritten, Spliced
 from claude_proxy.errors import ProxyError
 from claude_proxy.logs import MIN_SECRET_LENGTH
 from claude_proxy.record import current_record, current_trace, mark
@@ -61,7 +61,7 @@ EXACT_BELOW = 64 * 1024
 """Request bodies shorter than this are copied into bytes of their own size (`encoded`)."""
 
 
-def encoded(body: dict[str, Any]) -> bytes:
+def encoded(body: dict[str, Any]) -> bytes | Spliced:
     """The request body as JSON, as bytes that hold no more memory than their length when
     they are short. orjson 3.12 and later return their working buffer, which they never
     shrink: 4 KiB at least, 32 KiB for 3 KB of JSON, 256 KiB for 20 KB, and from 64 KB on
@@ -71,7 +71,7 @@ def encoded(body: dict[str, Any]) -> bytes:
     KB (in a loop), where orjson's buffer is 2.6 to 40 times its length; a long one is
     kept as orjson made it (at most twice its length), where the copy would cost 20 µs at
     800 KB in a loop, more in the server. A session's next turn is written where it changed
-    only (conversion/reuse.py), already at its length."""
+    only, in pieces that share the earlier body's bytes (conversion/reuse.py `Spliced`)."""
     if type(body) is Prewritten:
         return body.written()
     content = orjson.dumps(body)

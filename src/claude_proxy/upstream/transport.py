@@ -25,6 +25,7 @@ import base64
 import contextvars
 import os
 import ssl
+import sys
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -34,7 +35,10 @@ import aiohttp
 import httpx
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.http_writer import StreamWriter
 from yarl import URL
+
+from claude_proxy.conversion.reuse import Spliced
 
 _REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("upstream_reused", default=False)
 """Whether the current request's connection came from the pool (set by `_Connector`)."""
@@ -94,16 +98,16 @@ class OneShotBody(httpx.AsyncByteStream):
     """A request body the transport takes once, so that it is not kept for as long as the
     response is open (a Claude Code request is 100 KB or more; a stream lasts minutes)."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes | Spliced) -> None:
         self._body = body
         self.taken = False
 
-    def take(self) -> bytes:
+    def take(self) -> bytes | Spliced:
         body, self._body, self.taken = self._body, b"", True
         return body
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._body  # another transport (the tests' mocks) reads it as usual
+        yield bytes(self._body)  # another transport (the tests' mocks) reads it whole
 
 
 LARGE_BODY = 64 * 1024
@@ -125,7 +129,48 @@ class _HeadersFirst(aiohttp.BytesPayload):
         await super().write_with_length(writer, content_length)
 
 
-def _payload(body: bytes) -> bytes | aiohttp.BytesPayload | None:
+WRITELINES_UNSAFE = ((3, 12) <= sys.version_info < (3, 12, 9)
+                     or (3, 13) <= sys.version_info < (3, 13, 2))
+"""Pythons whose asyncio `writelines` ignored the write buffer's limit (CVE-2024-12254)."""
+
+
+class _Pieces(aiohttp.Payload):
+    """A session's next turn, written as the pieces it was made of (conversion/reuse.py
+    `Spliced`: the shared prefix's bytes are the earlier body's, never joined), after its
+    headers, in one `writelines` on the connection: uvloop sends them with one `writev`,
+    copying nothing (conversion/reuse.py says what that saved). aiohttp's
+    own `writelines` joins them before Python 3.12.9 (for the CVE above, which only
+    asyncio's transport had; on 3.11 that one joins them itself). Where the CVE is, they
+    are joined here too."""
+
+    _value: Spliced
+
+    def __init__(self, body: Spliced) -> None:
+        super().__init__(body)
+        self._size = len(body)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._value).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: AbstractStreamWriter,
+                                content_length: int | None) -> None:
+        await writer.write(b"")  # the headers, alone (as _HeadersFirst)
+        transport = writer.transport if isinstance(writer, StreamWriter) else None
+        if transport is None or WRITELINES_UNSAFE:
+            await writer.write(bytes(self._value))
+            return
+        if transport.is_closing():
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        transport.writelines(self._value.pieces)
+        await writer.drain()
+
+
+def _payload(body: bytes | Spliced) -> bytes | aiohttp.Payload | None:
+    if isinstance(body, Spliced):
+        return _Pieces(body)
     if len(body) >= LARGE_BODY:
         return _HeadersFirst(body)
     return body or None
@@ -234,7 +279,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return timeout
 
     async def _send(self, session: aiohttp.ClientSession, request: httpx.Request,
-                    body: bytes) -> aiohttp.ClientResponse:
+                    body: bytes | Spliced) -> aiohttp.ClientResponse:
         headers = _header_strings(request.headers)
         if self._proxy_headers and request.url.scheme == "http":
             # Forwarded by the proxy, not tunnelled: its headers go with the request (aiohttp
