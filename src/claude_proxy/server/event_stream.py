@@ -101,9 +101,12 @@ class Pings:
         self.sending: asyncio.Future[None] | None = None
 
     def _due(self) -> None:
-        message: Message = {"type": "http.response.body", "body": ping_comment(),
-                            "more_body": True}
-        self.sending = asyncio.ensure_future(self.send(message))
+        """One ping at a time, as the watcher sent them: none while the last one still
+        waits for a slow client's socket."""
+        if self.sending is None or self.sending.done():
+            message: Message = {"type": "http.response.body", "body": ping_comment(),
+                                "more_body": True}
+            self.sending = asyncio.ensure_future(self.send(message))
         self.timer = self.loop.call_later(self.ping, self._due)
 
     def client_left(self) -> bool:
