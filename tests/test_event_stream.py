@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from claude_proxy.cli.command_line import http_protocol
 from claude_proxy.server.event_stream import EventStream
 from claude_proxy.sse import encode_events
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
@@ -41,7 +42,7 @@ PING = re.compile(rb": ping - \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\+00:00\n\n")
 class Harness:
     """Both responses behind one uvicorn server, with hooks the tests wait on."""
 
-    def __init__(self) -> None:
+    def __init__(self, http: Any = "auto") -> None:
         self.finished: list[str] = []
         self.closed = threading.Event()
         self.done = threading.Event()
@@ -49,7 +50,8 @@ class Harness:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sock = bind_loopback()
         routes = [Route("/{kind}/{mode}", self.endpoint, methods=["POST"])]
-        self.server, self.thread = serve_in_thread(Starlette(routes=routes), self.sock)
+        self.server, self.thread = serve_in_thread(Starlette(routes=routes), self.sock,
+                                                   http=http)
 
     async def frames(self, mode: str, kind: str) -> AsyncIterator[bytes]:
         try:
@@ -87,9 +89,11 @@ class Harness:
         stop_server(self.server, self.thread)
 
 
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    server = Harness()
+@pytest.fixture(params=["uvicorn's protocol", "the proxy's protocol"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """Under uvicorn's own protocol a watcher task sees the client leave and sends the
+    pings; under the proxy's (cli.http_protocol) the request's Departure and a timer do."""
+    server = Harness(http_protocol() if request.param == "the proxy's protocol" else "auto")
     yield server
     server.stop()
 

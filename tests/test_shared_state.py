@@ -89,6 +89,29 @@ def test_a_refused_field_is_forgotten_after_its_ttl_in_process_too() -> None:
     assert not refusals.refuses("kimi-k2", "stream_options")  # tried again
 
 
+def test_a_request_reads_a_models_refusals_once_and_sees_every_field() -> None:
+    """`Refusals.of`: one store read for a model that refused nothing (not one per field a
+    request asks about), and the same answers as `refuses` once it refused something."""
+    class Counting(LocalStore):
+        reads = 0
+
+        def get(self, key: str) -> dict[str, Any] | None:
+            Counting.reads += 1
+            return super().get(key)
+
+    refusals = Refusals(Counting(), "kimi", ttl=3600)
+    fields = ("stream_options", "user", "reasoning", "cache_control", "top_k")
+    refuses = refusals.of("kimi-k2")
+    assert [refuses(field) for field in fields] == [False] * 5
+    assert Counting.reads == 1
+    refusals.remember("kimi-k2", "user")
+    refusals.remember("kimi-k2", "reasoning")
+    refuses = refusals.of("kimi-k2")
+    assert [refuses(field) for field in fields] == [False, True, True, False, False]
+    assert not any(map(refusals.of("k2"), fields))  # per model
+    assert not any(map(Refusals(refusals.store, "groq").of("kimi-k2"), fields))
+
+
 def test_two_stores_share_counters_records_logs_claims_and_minutes(
         redis_server: RedisServer) -> None:
     keys = prefix()

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from claude_proxy.cli.command_line import http_protocol
 from claude_proxy.server.http_protocol import HeadHoldingTransport
+from claude_proxy.server.relay import DEPARTURE, Departure
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
 
 released = threading.Event()
@@ -31,6 +32,9 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         return
     if scope["path"] == "/echo":
         await echo(receive, send)
+        return
+    if scope["path"] == "/departure":
+        await wait_for_departure(scope)
         return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/plain"), (b"content-length", b"5")]})
@@ -55,6 +59,28 @@ async def echo(receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(answer)).encode())]})
     await send({"type": "http.response.body", "body": answer})
+
+
+armed, departed = threading.Event(), threading.Event()
+"""Set by /departure's handler once it waits armed, and once the client's leaving cancelled
+it through its Departure."""
+
+
+async def wait_for_departure(scope: Scope) -> None:
+    """Waits, armed, until the client leaves: the protocol, not a watcher task, cancels it."""
+    departure = scope.get(DEPARTURE)
+    assert isinstance(departure, Departure)
+    task = asyncio.current_task()
+    assert task is not None
+    departure.arm(task)
+    armed.set()
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        if departure.client_left():
+            departed.set()
+            return
+        raise
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +112,18 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\
 
 def test_the_protocol_is_the_head_holding_one() -> None:
     assert http_protocol().__name__ == "HeadHoldingHttpToolsProtocol"
+
+
+def test_a_client_leaving_before_the_answer_cancels_its_handler_through_the_protocol(
+        port: int) -> None:
+    """The request's Departure (in its scope) is told by the protocol's connection_lost:
+    the handler is cancelled, and knows it was the client, with no task watching."""
+    armed.clear()
+    departed.clear()
+    client = request(port, "/departure")
+    assert armed.wait(10)
+    client.close()
+    assert departed.wait(10)
 
 
 class RecordingTransport:

@@ -100,8 +100,10 @@ class CircuitBreaker:
         the cooldown over, one sends the probe, the others keep away."""
         if not self.acquire():
             return False
+        if not self._probing:  # healthy: the record is not read a second time
+            return True
         until = self._open_until()
-        if not self._probing or until is None:
+        if until is None:
             return True
         if await self.store.claim(f"{self.key}:probe:{until:.3f}", self._claim_ttl()):
             return True

@@ -21,6 +21,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from claude_proxy.errors import ProxyError
+from claude_proxy.server.relay import DEPARTURE, Departure
 
 _HEAD = b"HTTP/1.1 "
 
@@ -91,12 +92,23 @@ class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def on_headers_complete(self) -> None:
-        """The new request's `receive` through `FramedReceive` (its task, just made, has not
-        run yet: it reads `receive` when it does)."""
+        """The new request's `receive` through `FramedReceive`, and its `Departure` in its
+        scope (its task, just made, has not run yet: it reads both when it does)."""
         super().on_headers_complete()
         cycle: Any = self.cycle  # its `receive` is a method: replaced on the instance
         if cycle is not None and not isinstance(cycle.receive, FramedReceive):
             cycle.receive = FramedReceive(cycle.receive)
+            cycle.scope[DEPARTURE] = Departure()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """uvicorn's, and the request's `Departure` told when its response was incomplete
+        (uvicorn's `receive` would now answer `http.disconnect`)."""
+        super().connection_lost(exc)
+        cycle: Any = self.cycle
+        if cycle is not None and cycle.disconnected:
+            departure = cycle.scope.get(DEPARTURE)
+            if isinstance(departure, Departure):
+                departure.left()
 
     def on_body(self, body: bytes) -> None:
         """uvicorn adds each piece to a bytearray and hands on `bytes()` of it: two copies of

@@ -58,14 +58,17 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
     passes (504) or the drain ends (529 `Drained`); either way the work is cancelled and has
     finished cleaning up on return.
 
-    The work runs in the request's own task; a watcher task cancels that task if the client
-    disconnects. (Running the work as a second task raced against the watcher cost two task
-    spawns, an `asyncio.wait` and a `gather` per request: about 25 µs and several turns of
-    the event loop.)
+    The work runs in the request's own task; the server's protocol (`Departure`), or else a
+    watcher task, cancels that task if the client disconnects. (Running the work as a second
+    task raced against the watcher cost two task spawns, an `asyncio.wait` and a `gather` per
+    request: about 25 µs and several turns of the event loop.)
     """
     handler = asyncio.current_task()
     assert handler is not None
-    watching = Watching(asyncio.ensure_future(_disconnected(request)), handler)
+    departure = request.scope.get(DEPARTURE)
+    watching: Watching | Departure = (
+        departure.arm(handler) if isinstance(departure, Departure)
+        else Watching(asyncio.ensure_future(_disconnected(request)), handler))
     timeout = asyncio.timeout_at(deadline)
     drain.waiting(timeout)
     try:
@@ -107,6 +110,42 @@ class Watching:
     def stop(self) -> None:
         self.watcher.remove_done_callback(self._ended)
         self.watcher.cancel()
+
+
+DEPARTURE = "claude_proxy.departure"
+"""The scope entry where the server's protocol (server/http_protocol.py) puts a request's
+`Departure`; absent under another ASGI server (then a watcher task does its work)."""
+
+
+class Departure:
+    """Told by the server's protocol when the client disconnects before the response is
+    complete; armed, it cancels the task handling the request, as `Watching` does, without
+    a watcher task: a task spawned, an event waited on and a cancellation delivered, per
+    request, on the request's path."""
+
+    __slots__ = ("armed", "cancelled")
+
+    def __init__(self) -> None:
+        self.armed: asyncio.Task[Any] | None = None
+        self.cancelled: asyncio.Task[Any] | None = None
+
+    def arm(self, handler: asyncio.Task[Any]) -> Departure:
+        self.armed, self.cancelled = handler, None
+        return self
+
+    def left(self) -> None:
+        """The connection is lost with the response incomplete."""
+        handler, self.armed = self.armed, None
+        if handler is not None:
+            self.cancelled = handler
+            handler.cancel()
+
+    def client_left(self) -> bool:
+        """As `Watching.client_left`."""
+        return self.cancelled is not None and self.cancelled.uncancel() == 0
+
+    def stop(self) -> None:
+        self.armed = None
 
 
 def after_first_byte(error: ProxyError, converter: StreamConverter) -> ProxyError:

@@ -79,10 +79,13 @@ class Translator:
             self.store.delete(key)
 
     def settings_of(self, provider: Provider) -> ProviderSettings:
-        """The provider's settings, with the profile its server was recognised as."""
+        """The provider's settings, with the profile its server was recognised as (the store
+        is read only for a provider whose profile is a guess: asked twice a request)."""
+        if not llamacpp.recognisable(provider.settings):
+            return provider.settings
         known = self.store.get(SERVER_PROFILE_KEY + provider.name)
         profile = known.get("profile") if known else None
-        if not isinstance(profile, str) or not llamacpp.recognisable(provider.settings):
+        if not isinstance(profile, str):
             return provider.settings
         cached = self._recognised.get(provider.name)
         if cached is None or cached.provider != profile:

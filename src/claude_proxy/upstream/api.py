@@ -157,16 +157,15 @@ class ChatCompletions:
 
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
-        refusals, model = build.refusals, build.model
-        rewrites = build.turns is not None and any(refusals.refuses(model, name)
-                                                   for name in REWRITING)
-        upstream = convert_request(request, settings, model=model, is_ours=build.is_ours,
+        refuses = build.refusals.of(build.model)
+        rewrites = build.turns is not None and any(refuses(name) for name in REWRITING)
+        upstream = convert_request(request, settings, model=build.model, is_ours=build.is_ours,
                                    opaque_for=build.opaque_for,
-                                   without_reasoning=refusals.refuses(model, REASONING),
-                                   structured=structured_mode(refusals, model),
+                                   without_reasoning=refuses(REASONING),
+                                   structured=structured_mode(refuses),
                                    cache_key=build.cache_key,
                                    slot=None if rewrites else build.turns)
-        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+        drop_refused(upstream.body, refuses)
         return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
@@ -214,13 +213,13 @@ class Responses:
 
     def build(self, request: dict[str, Any], settings: ProviderSettings,
               build: Build) -> UpstreamRequest:
-        refusals, model = build.refusals, build.model
+        refuses = build.refusals.of(build.model)
         upstream = responses.convert_request(
-            request, settings, model=model, opaque_for=build.opaque_for,
-            without_reasoning=refusals.refuses(model, REASONING),
-            without_summary=refusals.refuses(model, SUMMARY), cache_key=build.cache_key)
+            request, settings, model=build.model, opaque_for=build.opaque_for,
+            without_reasoning=refuses(REASONING), without_summary=refuses(SUMMARY),
+            cache_key=build.cache_key)
         apply_responses_structured_output(upstream.body, request)
-        drop_refused(upstream.body, lambda name: refusals.refuses(model, name))
+        drop_refused(upstream.body, refuses)
         return with_text_calls(upstream, settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
@@ -261,7 +260,7 @@ class Messages:
               build: Build) -> UpstreamRequest:
         return with_text_calls(messages.convert_request(
             request, settings, model=build.model,
-            refuses=lambda name: build.refusals.refuses(build.model, name),
+            refuses=build.refusals.of(build.model),
             opaque_for=build.opaque_for, betas=build.betas), settings)
 
     def parser(self, upstream: UpstreamRequest) -> WireParser:
@@ -286,11 +285,9 @@ class Messages:
                            settings: ProviderSettings, build: Build) -> int | None:
         """The endpoint's `/v1/messages/count_tokens` where its profile has one; an endpoint
         that answers it with 404, 405 or 501 is counted by the proxy from then on."""
-        def refuses(name: str) -> bool:
-            return build.refusals.refuses(build.model, name)
-
         upstream = messages.count_request(request, settings, model=build.model,
-                                          refuses=refuses, opaque_for=build.opaque_for,
+                                          refuses=build.refusals.of(build.model),
+                                          opaque_for=build.opaque_for,
                                           betas=build.betas)
         if upstream is None:
             return None

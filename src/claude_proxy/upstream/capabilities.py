@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from claude_proxy.conversion.alternation import (
@@ -139,16 +140,24 @@ def refused_structured(message: str, body: dict[str, Any]) -> list[str]:
     return [STRUCTURED if sent.get("type") == "json_schema" else STRUCTURED_JSON_OBJECT]
 
 
-def structured_mode(refusals: Refusals, model: str) -> StructuredMode:
-    """How to ask this model for a JSON schema, given what it refused before."""
-    if refusals.refuses(model, STRUCTURED_JSON_OBJECT):
+def structured_mode(refuses: Callable[[str], bool]) -> StructuredMode:
+    """How to ask a model for a JSON schema, given what it refused before (`Refusals.of`)."""
+    if refuses(STRUCTURED_JSON_OBJECT):
         return "prompt"
-    if refusals.refuses(model, STRUCTURED):
+    if refuses(STRUCTURED):
         return "json_object"
     return "json_schema"
 
 
 REFUSAL_TTL = 24 * 3600.0
+
+ANY_FIELD = "*"
+"""The record kept beside a model's refused fields: there is one while any is refused (no
+field's name: a field is an identifier)."""
+
+
+def _refuses_nothing(field: str) -> bool:
+    return False
 
 
 class Refusals:
@@ -167,5 +176,16 @@ class Refusals:
     def refuses(self, model: str, field: str) -> bool:
         return self.store.get(self._key(model, field)) is not None
 
+    def of(self, model: str) -> Callable[[str], bool]:
+        """`refuses` for one model, as one request asks it (a dozen fields): a model that
+        refused nothing, nearly every one, costs one read of the store (ANY_FIELD), not one
+        (a lock, an expiry check and a copy) per field."""
+        if self.store.get(self._key(model, ANY_FIELD)) is None:
+            return _refuses_nothing
+        return partial(self.refuses, model)
+
     def remember(self, model: str, field: str) -> None:
+        """The field's record, then the model's ANY_FIELD: written last and living as long,
+        it outlives every field record of the model (a reader that finds a field finds it)."""
         self.store.put(self._key(model, field), {"refused": True}, ttl=self.ttl)
+        self.store.put(self._key(model, ANY_FIELD), {"refused": True}, ttl=self.ttl)
