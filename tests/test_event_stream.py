@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from claude_proxy.cli.command_line import http_protocol
 from claude_proxy.server.event_stream import EventStream
 from claude_proxy.sse import encode_events
 from tests.scripted_upstream import bind_loopback, serve_in_thread, stop_server
@@ -41,7 +42,7 @@ PING = re.compile(rb": ping - \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\+00:00\n\n")
 class Harness:
     """Both responses behind one uvicorn server, with hooks the tests wait on."""
 
-    def __init__(self) -> None:
+    def __init__(self, http: Any = "auto") -> None:
         self.finished: list[str] = []
         self.closed = threading.Event()
         self.done = threading.Event()
@@ -49,7 +50,8 @@ class Harness:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sock = bind_loopback()
         routes = [Route("/{kind}/{mode}", self.endpoint, methods=["POST"])]
-        self.server, self.thread = serve_in_thread(Starlette(routes=routes), self.sock)
+        self.server, self.thread = serve_in_thread(Starlette(routes=routes), self.sock,
+                                                   http=http)
 
     async def frames(self, mode: str, kind: str) -> AsyncIterator[bytes]:
         try:
@@ -87,9 +89,11 @@ class Harness:
         stop_server(self.server, self.thread)
 
 
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    server = Harness()
+@pytest.fixture(params=["uvicorn", "proxy"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """On uvicorn's own protocol (a watcher task notices the client leave and sends the
+    pings) and on the proxy's (`client_gone` and a timer do)."""
+    server = Harness(http_protocol() if request.param == "proxy" else "auto")
     yield server
     server.stop()
 
@@ -162,6 +166,35 @@ def test_a_client_that_leaves_ends_the_relay_and_the_clean_up(harness: Harness) 
         assert harness.done.wait(10), "the clean-up did not run"
     assert harness.finished == ["new"] * 20
     assert harness.server.started and not harness.server.should_exit
+
+
+def tasks_of(harness: Harness) -> int:
+    assert harness.server.servers and harness.loop is not None
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return asyncio.run_coroutine_threadsafe(count(), harness.loop).result(10)
+
+
+def test_an_open_stream_holds_no_task_of_its_own() -> None:
+    """On the proxy's protocol an open stream is its request's task alone: no watcher task
+    waiting in `receive()` for the disconnect (2 KiB of each idle stream's memory)."""
+    harness = Harness(http_protocol())
+    try:
+        first = harness.request("/new/leave")
+        while FRAMES[0] not in first.recv(65536):
+            pass
+        one = tasks_of(harness)
+        second = harness.request("/new/leave")
+        while FRAMES[0] not in second.recv(65536):
+            pass
+        assert tasks_of(harness) == one + 1  # the second request's own task
+        first.close()
+        second.close()
+        assert harness.closed.wait(10)
+    finally:
+        harness.stop()
 
 
 def test_headers_match_event_source_response() -> None:

@@ -37,6 +37,19 @@ DRAIN_GRACE = 1.0
 """Seconds a finished stream may take to read the end of the upstream body."""
 
 
+RECEIVE_KEY = "claude_proxy.receive"
+"""The scope's key for what tells of the client's disconnect: an object whose `gone()` is a
+future done then (server/http_protocol.py's `FramedReceive`, set by the server's protocol)."""
+
+
+def client_gone(scope: Any) -> asyncio.Future[None] | None:
+    """A future done when the request's client disconnects (cancel it when no longer
+    needed), or None on a server without `RECEIVE_KEY`: the caller then waits in `receive()`
+    for `http.disconnect`, as ASGI has it."""
+    receive = scope.get(RECEIVE_KEY)
+    return receive.gone() if receive is not None else None
+
+
 class ClientDisconnected(Exception):
     """The client closed the connection before the response started."""
 
@@ -58,14 +71,15 @@ async def before_first_byte(request: Request, work: Awaitable[T], deadline: floa
     passes (504) or the drain ends (529 `Drained`); either way the work is cancelled and has
     finished cleaning up on return.
 
-    The work runs in the request's own task; a watcher task cancels that task if the client
-    disconnects. (Running the work as a second task raced against the watcher cost two task
-    spawns, an `asyncio.wait` and a `gather` per request: about 25 µs and several turns of
-    the event loop.)
+    The work runs in the request's own task, cancelled if the client disconnects
+    (`client_gone`; a watcher task on other servers). (Running the work as a second task
+    raced against the watcher cost two task spawns, an `asyncio.wait` and a `gather` per
+    request: about 25 µs and several turns of the event loop.)
     """
     handler = asyncio.current_task()
     assert handler is not None
-    watching = Watching(asyncio.ensure_future(_disconnected(request)), handler)
+    watching = Watching(client_gone(request.scope) or asyncio.ensure_future(_disconnected(request)),
+                        handler)
     timeout = asyncio.timeout_at(deadline)
     drain.waiting(timeout)
     try:
