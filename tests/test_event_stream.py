@@ -223,4 +223,3 @@ def test_a_long_batch_is_the_bytes_of_its_events_and_holds_no_buffer_per_event(
     assert frame == b"".join(b"event: content_block_delta\ndata: " + json.dumps(
         event, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n" for event in events)
     assert peak <= 2 * len(frame) + 80_000
-
