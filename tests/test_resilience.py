@@ -268,7 +268,7 @@ def test_thousand_client_disconnects_leave_nothing_open(
 def test_a_stream_ends_without_an_anyio_cancel_scope(
         proxy: ProxyServer, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stream that ends, and one whose client leaves, close their upstream with no anyio
-    cancel scope: its first use loads anyio's asyncio backend into the server, 3.8 MiB
+    cancel scope: its first use loads anyio's asyncio backend into the server, 0.9 MiB
     resident that nothing else a request does needs (the relay's cancellation is asyncio's
     own, delivered once: server/relay.py)."""
     scopes: list[dict[str, Any]] = []
