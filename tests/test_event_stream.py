@@ -179,7 +179,7 @@ def tasks_of(harness: Harness) -> int:
 
 def test_an_open_stream_holds_no_task_of_its_own() -> None:
     """On the proxy's protocol an open stream is its request's task alone: no watcher task
-    waiting in `receive()` for the disconnect (2 KiB of each idle stream's memory)."""
+    waiting in `receive()` for the disconnect (1.6 KiB of each idle stream's memory)."""
     harness = Harness(http_protocol())
     try:
         first = harness.request("/new/leave")
