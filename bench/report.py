@@ -100,7 +100,7 @@ def targets(results: Results) -> list[Target]:
                                                        "after_load_hwm_mib"), 100, unit=" MiB"))
     if "idle_streams" in results:
         found.append(Target("memory per open stream", get(results, "idle_streams", "proxy",
-                                                          "per_stream_kib"), 50, unit=" KiB"))
+                                                          "per_stream_kib"), 30, unit=" KiB"))
     if "long_conversation" in results:
         found += [Target(f"session next turn {size} KB {way} CPU vs floor",
                          row["proxy_over_floor"], NEXT_TURN_LIMITS.get(size, 1.0), unit="x")

@@ -168,6 +168,35 @@ def test_a_client_that_leaves_ends_the_relay_and_the_clean_up(harness: Harness) 
     assert harness.server.started and not harness.server.should_exit
 
 
+def tasks_of(harness: Harness) -> int:
+    assert harness.server.servers and harness.loop is not None
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return asyncio.run_coroutine_threadsafe(count(), harness.loop).result(10)
+
+
+def test_an_open_stream_holds_no_task_of_its_own() -> None:
+    """On the proxy's protocol an open stream is its request's task alone: no watcher task
+    waiting in `receive()` for the disconnect (1.6 KiB of each idle stream's memory)."""
+    harness = Harness(http_protocol())
+    try:
+        first = harness.request("/new/leave")
+        while FRAMES[0] not in first.recv(65536):
+            pass
+        one = tasks_of(harness)
+        second = harness.request("/new/leave")
+        while FRAMES[0] not in second.recv(65536):
+            pass
+        assert tasks_of(harness) == one + 1  # the second request's own task
+        first.close()
+        second.close()
+        assert harness.closed.wait(10)
+    finally:
+        harness.stop()
+
+
 def test_headers_match_event_source_response() -> None:
     async def nothing() -> AsyncIterator[bytes]:
         yield b""

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import respx
@@ -262,6 +263,32 @@ def test_thousand_client_disconnects_leave_nothing_open(
     assert len(upstream.requests) == 1000
     assert upstream.wait_until_idle(), f"{upstream.open_streams} upstream streams still open"
     assert_pool_settles(proxy)
+
+
+def test_a_stream_ends_without_an_anyio_cancel_scope(
+        proxy: ProxyServer, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream that ends, and one whose client leaves, close their upstream with no anyio
+    cancel scope: its first use loads anyio's asyncio backend into the server, 0.9 MiB
+    resident that nothing else a request does needs (the relay's cancellation is asyncio's
+    own, delivered once: server/relay.py)."""
+    scopes: list[dict[str, Any]] = []
+    monkeypatch.setattr(anyio, "CancelScope", lambda **options: scopes.append(options))
+    upstream.responder = lambda body: Reply(events=[
+        chunk({"role": "assistant", "content": "first"}), chunk({"content": "never sent"})],
+        stall_at=1)
+    request = {"model": "claude-sonnet-4-6", "max_tokens": 10, "stream": True,
+               "messages": [{"role": "user", "content": "hi"}]}
+    sock = raw_request(proxy, request)
+    assert b"message_start" in sock.recv(65536)
+    sock.close()  # the client leaves: the relay is cancelled
+    assert upstream.wait_until_idle(), f"{upstream.open_streams} upstream streams still open"
+    upstream.responder = lambda body: Reply(events=[chunk({"content": "all"}),
+                                                    chunk({}, finish="stop")])
+    with httpx.Client(timeout=30) as client:
+        answer = client.post(f"{proxy.url}/v1/messages", json=request)
+    assert b"event: message_stop" in answer.content
+    assert_pool_settles(proxy)
+    assert scopes == []
 
 
 def assert_pool_settles(proxy: ProxyServer) -> None:

@@ -126,6 +126,25 @@ def test_a_client_leaving_before_the_answer_cancels_its_handler_through_the_prot
     assert departed.wait(10)
 
 
+def test_a_client_gone_before_the_handler_is_armed_cancels_it_when_it_is() -> None:
+    """A client that leaves between two armings (the answer's wait and the stream's) is not
+    missed: the next arming cancels its handler at once, as a watcher task found
+    `http.disconnect` waiting in `receive()`."""
+    async def run() -> tuple[bool, bool]:
+        departure = Departure()
+        departure.left()  # the connection is lost while nothing is armed
+        task = asyncio.current_task()
+        assert task is not None
+        departure.arm(task)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return True, departure.client_left()
+        return False, False
+
+    assert asyncio.run(run()) == (True, True)
+
+
 class RecordingTransport:
     """What the socket would be asked to send, write by write."""
 
